@@ -1,0 +1,13 @@
+"""Widgets: thin ipywidgets shells over the library's pure functions.
+
+Rules every widget here follows:
+- core ipywidgets, matplotlib and plain HTML only (no JavaScript from the internet);
+- each callback is a plain method that pytest can call without a browser;
+- errors show inside the widget (an error line), never escape to the notebook, and change nothing;
+- the root widget carries the CSS class `la-<name>`, its key parts `la-<name>-<part>`, so the
+  browser tests can find them.
+"""
+
+from .base import ErrorLine, guarded
+
+__all__ = ["ErrorLine", "guarded"]
