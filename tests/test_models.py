@@ -83,9 +83,10 @@ def test_a_tampered_cache_is_rebuilt_from_the_verified_gguf(cache_copy, capsys):
     weights = cache_copy / DEFAULT_MODEL / "model.safetensors"
     _flip_a_byte(weights)
     assert "does not match its SHA-256" in cache_problems(cache_copy / DEFAULT_MODEL)[0]
-    folder = fetch_default_model(progress=False)
+    loaded = load_model(device="cpu", verbose=False)  # checks the hashes while it loads
     assert "damaged" in capsys.readouterr().out
-    assert cache_problems(folder) == []
+    assert cache_problems(cache_copy / DEFAULT_MODEL) == []
+    assert loaded.name == DEFAULT_MODEL and loaded.config.num_hidden_layers == 30
 
 
 def test_a_tampered_gguf_is_refused_and_not_kept(cache_copy, monkeypatch):

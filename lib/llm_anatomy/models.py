@@ -366,7 +366,7 @@ def load_model(name: str | None = None, device: str | torch.device = "auto",
     dtype = dtype or default_dtype(chosen)
     start = time.perf_counter()
     if name is None or name == DEFAULT_MODEL:
-        folder, label = fetch_default_model(), DEFAULT_MODEL
+        return _load_default(chosen, dtype, verbose, start)
     elif Path(name).expanduser().is_dir() and (Path(name).expanduser() / "config.json").exists():
         folder, label = Path(name).expanduser(), Path(name).name
     elif HUB_ID.match(name):
@@ -376,6 +376,34 @@ def load_model(name: str | None = None, device: str | torch.device = "auto",
             f"Unknown model {name!r}: use load_model() for the offline default ({DEFAULT_MODEL}), "
             "a hub id such as 'HuggingFaceTB/SmolLM2-360M-Instruct' (needs network), or a local folder."
         )
+    return _finish(_load_folder(folder, chosen, dtype), label, verbose, start)
+
+
+def _load_default(device: torch.device, dtype: torch.dtype, verbose: bool, start: float) -> LoadedModel:
+    """Load the default model while a second thread checks the cache's SHA-256 sums.
+
+    Hashing 540 MB takes about half a second; done beside the load it costs almost nothing.
+    If the check fails, the loaded model is thrown away and the cache is rebuilt.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = default_model_dir()
+    if cache_problems(folder, check_hashes=False):  # missing or truncated: fetch first
+        fetch_default_model()
+        return _finish(_load_folder(folder, device, dtype), DEFAULT_MODEL, verbose, start)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        check = pool.submit(cache_problems, folder)
+        loaded = _load_folder(folder, device, dtype)
+        problems = check.result()
+    if problems:
+        del loaded
+        fetch_default_model()  # says what is damaged, and rebuilds it
+        loaded = _load_folder(folder, device, dtype)
+    return _finish(loaded, DEFAULT_MODEL, verbose, start)
+
+
+def _load_folder(folder: Path, device: torch.device, dtype: torch.dtype):
+    """(model, tokenizer) from a folder with config, tokenizer and safetensors."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -390,12 +418,17 @@ def load_model(name: str | None = None, device: str | torch.device = "auto",
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    model.to(chosen).eval()
-    loaded = LoadedModel(model, tokenizer, model.config, chosen, dtype, label)
+    return model.to(device).eval(), tokenizer
+
+
+def _finish(model_and_tokenizer, label: str, verbose: bool, start: float) -> LoadedModel:
+    model, tokenizer = model_and_tokenizer
+    chosen = model.device
+    loaded = LoadedModel(model, tokenizer, model.config, chosen, model.dtype, label)
     if verbose:
         family = getattr(model.config, "model_type", "?")
         note = "" if family in SCRATCH_FAMILIES else f" (note: {family} is not Llama-family; the from-scratch chapters need one)"
         print(f"Loaded {label}: {loaded.num_parameters / 1e6:.1f} M parameters on "
-              f"{describe_device(chosen)} in {str(dtype).removeprefix('torch.')}, "
+              f"{describe_device(chosen)} in {str(loaded.dtype).removeprefix('torch.')}, "
               f"{time.perf_counter() - start:.1f} s{note}")
     return loaded
