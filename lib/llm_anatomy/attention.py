@@ -1,8 +1,13 @@
 """Scaled dot-product attention, written out: scores, causal mask, softmax, weighted sum.
 
+Each query is compared with every key by a dot product, scaled by 1/sqrt(head_dim) so the scores
+do not grow with the head size; softmax turns one query's scores into weights that sum to 1, and
+the output is the weighted sum of the values (claim C4).
+
 Grouped-query attention (GQA) lets several query heads share one key/value head: with 9 query
 heads and 3 KV heads, query heads 0-2 read KV head 0, heads 3-5 read KV head 1, and so on.
-Multi-head attention (MHA) is the case kv_heads == heads; multi-query (MQA) is kv_heads == 1.
+Multi-head attention (MHA) is the case kv_heads == heads; multi-query (MQA) is kv_heads == 1 (C5).
+The causal mask lets query i see keys 0..i only, never later tokens (C9).
 """
 
 from __future__ import annotations
@@ -22,16 +27,66 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
 
 
+def kv_head_of(query_head: int, heads: int, kv_heads: int) -> int:
+    """Which KV head a query head reads under GQA (heads are grouped in order)."""
+    if heads % kv_heads:
+        raise CourseError(f"{heads} query heads cannot be shared evenly by {kv_heads} key/value heads.")
+    if not 0 <= query_head < heads:
+        raise CourseError(f"query_head must be from 0 to {heads - 1}, not {query_head}.")
+    return query_head // (heads // kv_heads)
+
+
 def causal_mask(q_len: int, k_len: int, device=None) -> torch.Tensor:
-    """True where query i may look at key j: `[q_len, k_len]`.
+    """True where query i may look at key j: `[q_len, k_len]` bool.
 
     The queries are the last q_len positions of k_len (as in decoding with a cache), so query i
     sits at position k_len - q_len + i and sees keys 0 .. that position.
     """
+    if q_len > k_len:
+        raise CourseError(f"There are more queries ({q_len}) than keys ({k_len}): "
+                          "the keys must include the queries' own positions.")
     offset = k_len - q_len
     rows = torch.arange(q_len, device=device)[:, None] + offset
     cols = torch.arange(k_len, device=device)[None, :]
     return cols <= rows
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is not None and t.dim() != 4:
+            raise CourseError(f"{name} must be [batch, heads, seq, head_dim], not of shape {tuple(t.shape)}.")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise CourseError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and head_dim.")
+    if v is not None and v.shape[:3] != k.shape[:3]:
+        raise CourseError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on batch, heads and length.")
+    if q.shape[1] % k.shape[1]:
+        raise CourseError(f"{q.shape[1]} query heads cannot be shared evenly by {k.shape[1]} key/value heads.")
+
+
+def attention_probabilities(q: torch.Tensor, k: torch.Tensor, *, causal: bool = True,
+                            key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention weights alone: softmax(q k^T / sqrt(head_dim)) with the masks applied.
+
+    q: `[batch, heads, q_len, head_dim]`; k: `[batch, kv_heads, k_len, head_dim]`.
+    Returns `[batch, heads, q_len, k_len]` in fp32; each row sums to 1, or is all zeros for a
+    query that may see no key at all (a padding position).
+    """
+    _check_shapes(q, k)
+    k = repeat_kv(k, q.shape[1] // k.shape[1])
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [b, h, q_len, k_len]
+    allowed = None
+    if causal:
+        allowed = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    if key_mask is not None:
+        if key_mask.shape != (q.shape[0], k.shape[-2]):
+            raise CourseError(f"key_mask must be [batch, k_len] = {(q.shape[0], k.shape[-2])}, "
+                              f"not {tuple(key_mask.shape)}.")
+        keys_ok = key_mask[:, None, None, :].bool()
+        allowed = keys_ok if allowed is None else (allowed & keys_ok)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1)
+    return torch.nan_to_num(weights)  # a padding query that sees no key at all gets zeros, not NaN
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -43,21 +98,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Returns the output `[batch, heads, q_len, head_dim]`, and with return_weights also the
     attention weights `[batch, heads, q_len, k_len]` (each row sums to 1).
     """
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads % kv_heads:
-        raise CourseError(f"{heads} query heads cannot be shared evenly by {kv_heads} key/value heads.")
-    k = repeat_kv(k, heads // kv_heads)
-    v = repeat_kv(v, heads // kv_heads)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [b, h, q_len, k_len]
-    allowed = None
-    if causal:
-        allowed = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
-    if key_mask is not None:
-        keys_ok = key_mask[:, None, None, :].bool()
-        allowed = keys_ok if allowed is None else (allowed & keys_ok)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1)
-    weights = torch.nan_to_num(weights)  # a padding query that sees no key at all gets zeros
-    out = weights.to(v.dtype) @ v
+    _check_shapes(q, k, v)
+    weights = attention_probabilities(q, k, causal=causal, key_mask=key_mask)
+    out = weights.to(v.dtype) @ repeat_kv(v, q.shape[1] // v.shape[1])  # [b, heads, q_len, head_dim]
     return (out, weights) if return_weights else out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .attention import attention
+from .attention import attention, attention_probabilities
 from .errors import CourseError
 from .kv_cache import KVCache
 from .rope import apply_rope, rope_cos_sin
@@ -146,23 +146,29 @@ class ScratchLlama(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model) -> "ScratchLlama":
-        """Build from a loaded transformers Llama-family model, sharing its weight tensors (no copy)."""
+        """Build from a loaded transformers Llama-family model, sharing its weight tensors (no copy).
+
+        Accepts the transformers model itself or the course's LoadedModel. Every shape is checked.
+        """
+        if not isinstance(hf_model, nn.Module):  # a LoadedModel: take the transformers model inside
+            hf_model = getattr(hf_model, "model", hf_model)
         cfg = ScratchConfig.from_hf(hf_model.config)
-        ours = cls(cfg)
+        with torch.device("meta"):  # no memory and no random init: the real weights come next
+            ours = cls(cfg)
         theirs = hf_model.state_dict()
-        mine = ours.state_dict()
-        missing = [name for name in mine if name.removeprefix("lm_head.") == name and f"model.{name}" not in theirs]
-        if missing:
-            raise CourseError(f"The model has no weight for {missing[0]}: is it a Llama-family model?")
-        with torch.no_grad():
-            for name, param in ours.named_parameters():
-                source = theirs["lm_head.weight" if name == "lm_head.weight" else f"model.{name}"]
-                if source.shape != param.shape:
-                    raise CourseError(f"Shape mismatch for {name}: ours {tuple(param.shape)}, theirs {tuple(source.shape)}.")
-                param.data = source  # share the storage: no second copy of the weights
+        weights = {}
+        for name, param in ours.named_parameters():
+            key = "lm_head.weight" if name == "lm_head.weight" else f"model.{name}"
+            if key not in theirs:
+                raise CourseError(f"The model has no weight named {key}: is it a Llama-family model?")
+            if theirs[key].shape != param.shape:
+                raise CourseError(f"Shape mismatch for {name}: ours {tuple(param.shape)}, "
+                                  f"theirs {tuple(theirs[key].shape)}.")
+            weights[name] = theirs[key]
+        ours.load_state_dict(weights, strict=False, assign=True)  # assign: share the storage, no copy
         if cfg.tie_word_embeddings:
             ours.lm_head.weight = ours.embed_tokens.weight
-        return ours.to(hf_model.device).eval()
+        return ours.eval()
 
     @property
     def device(self) -> torch.device:
@@ -193,8 +199,7 @@ class ScratchLlama(nn.Module):
         keep_hidden: keep the residual stream `[batch, seq, hidden]` before the first block and after each.
         attention_layers: layers whose attention weights to keep (computing them costs memory).
         """
-        if input_ids.dim() != 2:
-            raise CourseError(f"input_ids must be [batch, seq], not of shape {tuple(input_ids.shape)}.")
+        self._check_ids(input_ids)
         b, s = input_ids.shape
         past = cache.length if cache is not None else 0
         if past + s > self.cfg.max_position_embeddings:
@@ -231,3 +236,59 @@ class ScratchLlama(nn.Module):
             cache.advance(s)
         out.logits = self.lm_head(self.norm(x))
         return out
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise CourseError(f"input_ids must be a tensor of shape [batch, seq], not {shape}: "
+                              "wrap one prompt's ids as torch.tensor([ids]).")
+        if input_ids.shape[1] == 0:
+            raise CourseError("input_ids holds no token: give at least one.")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise CourseError(f"input_ids must be integer token ids, not {input_ids.dtype}.")
+        # the range check reads the ids back from the device: skip it for one-token decode steps on a GPU
+        if input_ids.device.type == "cpu" or input_ids.shape[1] > 1:
+            if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size:
+                raise CourseError(f"input_ids must be integer token ids from 0 to {self.cfg.vocab_size - 1}.")
+
+    @torch.no_grad()
+    def attention_weights(self, input_ids: torch.Tensor, layer: int, head: int | None = None,
+                          attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention weights of one layer, running only the blocks before it (no cache, no logits).
+
+        Returns `[batch, heads, seq, seq]`, or `[batch, seq, seq]` for one `head`; each row sums to 1
+        (a padding query's row is all zeros). Only the chosen layer's weights are ever materialised.
+        """
+        self._check_ids(input_ids)
+        cfg = self.cfg
+        if not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
+            raise CourseError(f"layer must be a whole number from 0 to {cfg.num_layers - 1}, not {layer!r}.")
+        if head is not None and (not isinstance(head, int) or not 0 <= head < cfg.num_heads):
+            raise CourseError(f"head must be a whole number from 0 to {cfg.num_heads - 1}, not {head!r}.")
+        b, s = input_ids.shape
+        if s > cfg.max_position_embeddings:
+            raise CourseError(f"{s} positions exceed the model's context of {cfg.max_position_embeddings}.")
+        key_mask, positions = None, torch.arange(s, device=input_ids.device)
+        if attention_mask is not None:
+            if attention_mask.shape != (b, s):
+                raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
+            key_mask = attention_mask.bool()
+            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=self.dtype)
+        x = self.embed_tokens(input_ids)  # [b, s, hidden]
+        for block in self.layers[:layer]:
+            x, _ = block(x, cos, sin, None, key_mask)
+        attn = self.layers[layer].self_attn
+        h = self.layers[layer].input_layernorm(x)
+        d, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        if head is None:
+            q_weight, k_weight, q_heads, k_heads = attn.q_proj.weight, attn.k_proj.weight, heads, kv_heads
+        else:  # only the rows of the chosen query head and of the KV head its group reads
+            kv = head // (heads // kv_heads)
+            q_weight, k_weight = attn.q_proj.weight[head * d:(head + 1) * d], attn.k_proj.weight[kv * d:(kv + 1) * d]
+            q_heads, k_heads = 1, 1
+        q = (h @ q_weight.T).view(b, s, q_heads, d).transpose(1, 2)  # [b, q_heads, s, d]
+        k = (h @ k_weight.T).view(b, s, k_heads, d).transpose(1, 2)  # [b, k_heads, s, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        weights = attention_probabilities(q, k, causal=True, key_mask=key_mask)  # [b, q_heads, s, s]
+        return weights if head is None else weights[:, 0]

@@ -1,0 +1,44 @@
+"""The logit lens: final norm + LM head on each layer's residual stream; the last layer is the real prediction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_anatomy import CourseError
+from llm_anatomy.logit_lens import lens_logits, logit_lens
+from llm_anatomy.scratch import ScratchLlama
+
+from conftest import tiny_llama
+
+
+def test_the_lens_on_the_last_layer_gives_the_models_logits():
+    model = ScratchLlama.from_hf(tiny_llama())
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    out = model.trace(ids)
+    lens = lens_logits(out.hidden_states, model.norm, model.lm_head, position=4)
+    assert lens.shape == (3, 2, 128)  # embeddings + 2 layers
+    assert torch.allclose(lens[-1], out.logits[:, 4], atol=1e-6)
+    assert torch.allclose(lens[0], model.lm_head(model.norm(model.embed_tokens(ids[:, 4]))), atol=1e-6)
+    with pytest.raises(CourseError, match="position must be"):
+        lens_logits(out.hidden_states, model.norm, model.lm_head, position=9)
+    with pytest.raises(CourseError, match="No hidden states"):
+        lens_logits([], model.norm, model.lm_head)
+
+
+def test_rows_end_with_the_models_answer():
+    model = ScratchLlama.from_hf(tiny_llama())
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
+    rows = logit_lens(model, ids)
+    assert [r.layer for r in rows] == [0, 1, 2]
+    assert rows[-1].target_rank == 0 and rows[-1].top_token == str(int(model(ids)[0, -1].argmax()))
+    assert all(0 <= r.target_probability <= r.top_probability <= 1 for r in rows)
+
+
+def test_the_real_model_forms_paris_in_its_later_layers(real):
+    model = ScratchLlama.from_hf(real.model)
+    ids = torch.tensor([real.tokenizer.encode("The capital of France is")])
+    rows = logit_lens(model, ids, real.tokenizer)
+    assert len(rows) == 31 and rows[-1].top_token == " Paris"
+    assert rows[0].target_rank > 0  # the embedding alone does not predict it
+    assert rows[-1].target_probability > rows[5].target_probability
