@@ -53,3 +53,15 @@ def test_chapter_00_parameter_count():
 def test_chapter_00_eos_token(real):
     assert ch00.check_eos_token("<|im_end|>", real.tokenizer).passed
     assert not ch00.check_eos_token("</s>", real.tokenizer).passed
+
+
+def test_chapter_00_solutions_pass(real):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "workshop" / "solutions" / "ch00.py"
+    spec = importlib.util.spec_from_file_location("solutions_ch00", path)
+    solutions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solutions)
+    assert ch00.check_parameter_count(round(solutions.parameter_count_millions(real)), real).passed
+    assert ch00.check_eos_token(solutions.eos_token(real.tokenizer), real.tokenizer).passed
