@@ -1,5 +1,4 @@
 from llm_anatomy.exercises import Verdict, exercise, expect
-from llm_anatomy.exercises import ch00
 
 
 @exercise
@@ -40,28 +39,3 @@ def test_a_crash_in_the_learners_code_is_named_not_raised():
 def test_html_is_escaped():
     verdict = check_double(lambda x: "<b>")
     assert "&lt;b&gt;" in verdict._repr_html_()
-
-
-def test_chapter_00_parameter_count():
-    assert ch00.check_parameter_count(135).passed
-    assert "millions" in ch00.check_parameter_count(134_515_008).message
-    assert "off" in ch00.check_parameter_count(100).message
-    assert "number" in ch00.check_parameter_count("135").message
-    assert not ch00.check_parameter_count(None).passed
-
-
-def test_chapter_00_eos_token(real):
-    assert ch00.check_eos_token("<|im_end|>", real.tokenizer).passed
-    assert not ch00.check_eos_token("</s>", real.tokenizer).passed
-
-
-def test_chapter_00_solutions_pass(real):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "workshop" / "solutions" / "ch00.py"
-    spec = importlib.util.spec_from_file_location("solutions_ch00", path)
-    solutions = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(solutions)
-    assert ch00.check_parameter_count(round(solutions.parameter_count_millions(real)), real).passed
-    assert ch00.check_eos_token(solutions.eos_token(real.tokenizer), real.tokenizer).passed

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from exercise_helpers import load_solutions, not_yet as _not_yet, unattempted as _unattempted
 
 from llm_anatomy.exercises import ch01
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_ch01", ROOT / "workshop" / "solutions" / "ch01.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-solutions = _solutions()
+solutions = load_solutions("ch01")
 
 
 @pytest.fixture(scope="module")

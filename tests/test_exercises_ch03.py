@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
+
+from exercise_helpers import load_solutions, not_yet as _not_yet, unattempted as _unattempted
 
 from llm_anatomy.exercises import ch03
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _solutions():
-    spec = importlib.util.spec_from_file_location("solutions_ch03", ROOT / "workshop" / "solutions" / "ch03.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-solutions = _solutions()
-
-
-def _not_yet(verdict, *words):
-    assert not verdict.passed, verdict
-    for word in words:
-        assert word in verdict.message, verdict.message
-
-
-def _unattempted(*args):
-    raise NotImplementedError
+solutions = load_solutions("ch03")
 
 
 def test_causal_mask():
