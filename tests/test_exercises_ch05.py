@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
+from exercise_helpers import load_solutions
 
 from llm_anatomy.exercises import ch05
 
-_PATH = Path(__file__).resolve().parents[1] / "workshop" / "solutions" / "ch05.py"
-_spec = importlib.util.spec_from_file_location("solutions_ch05", _PATH)
-solutions = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(solutions)
+solutions = load_solutions("ch05")
 
 
 def test_the_solutions_pass():

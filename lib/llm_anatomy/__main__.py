@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="check this machine: versions, device, memory, model cache")
     bench = sub.add_parser("bench", help="print measured figures (add --json for machine-readable output)")
     bench.add_argument("topic", nargs="?", default="decode", choices=sorted(BENCHES))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] not in BENCHES) and not {"-h", "--help"} & set(argv):
+        argv.insert(1, "decode")  # the default topic, so that "bench --model-size 1b" keeps 1b for the option
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -7,6 +7,7 @@ and a length: how many positions are filled. Each forward pass writes its new po
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -76,23 +77,106 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
+def kv_layout(config) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a decoder config: what one position of the KV cache holds per K and V.
+
+    Reads transformers' names for Llama-family models (num_key_value_heads), GPT-2 (n_layer, n_head)
+    and Falcon (num_kv_heads, multi_query, new_decoder_architecture). MHA: kv_heads == heads;
+    GQA: fewer; MQA: one.
+    """
+    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _first(config, "num_attention_heads", "n_head")
+    if getattr(config, "model_type", None) == "falcon" or hasattr(config, "new_decoder_architecture"):
+        # Falcon's config keeps num_kv_heads == heads even for its multi-query models: the flags decide.
+        if getattr(config, "new_decoder_architecture", False):
+            kv_heads = config.num_kv_heads
+        else:
+            kv_heads = 1 if getattr(config, "multi_query", False) else heads
+    else:
+        kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=None)
+        if kv_heads is None:
+            kv_heads = 1 if getattr(config, "multi_query", False) else heads
+    head_dim = _first(config, "head_dim", default=None) or _first(config, "hidden_size", "n_embd") // heads
+    return int(layers), int(kv_heads), int(head_dim)
+
+
 def kv_cache_bytes(config, seq_len: int, batch_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of a KV cache: 2 (K and V) x layers x kv_heads x head_dim x seq_len x batch x bytes per number.
 
     `config` is any transformers decoder config (or an object with the same attribute names).
-    MHA, GQA and MQA are covered: kv heads default to the query heads; head_dim defaults to
-    hidden_size // heads.
+    MHA, GQA and MQA are covered (see kv_layout); head_dim defaults to hidden_size // heads.
     """
-    if seq_len < 0 or batch_size < 0:
+    if isinstance(seq_len, bool) or isinstance(batch_size, bool) or seq_len < 0 or batch_size < 0:
         raise CourseError("seq_len and batch_size must be zero or more.")
-    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(config, "num_attention_heads", "n_head")
-    kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=None)
-    if kv_heads is None:
-        kv_heads = 1 if getattr(config, "multi_query", False) else heads
-    head_dim = _first(config, "head_dim", default=None) or _first(config, "hidden_size", "n_embd") // heads
+    layers, kv_heads, head_dim = kv_layout(config)
     bytes_per = torch.tensor([], dtype=dtype).element_size()
-    return 2 * layers * kv_heads * head_dim * seq_len * batch_size * bytes_per
+    return 2 * layers * kv_heads * head_dim * int(seq_len) * int(batch_size) * bytes_per
+
+
+# --------------------------------------------------------------------------- generating with and without it
+
+
+@dataclass
+class Generation:
+    """What a greedy generation gives back.
+
+    tokens: `[batch, new_tokens]` the generated ids; step_seconds: wall-clock seconds of each forward pass
+    (the first is the prefill, so step_seconds[0] is the time to first token); empty unless timed.
+    """
+
+    tokens: torch.Tensor
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token, seconds (the prefill)."""
+        return self.step_seconds[0]
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first, seconds (median of the decode steps)."""
+        rest = sorted(self.step_seconds[1:])
+        if not rest:
+            raise CourseError("Time per output token needs at least 2 new tokens.")
+        return rest[len(rest) // 2]
+
+
+@torch.inference_mode()
+def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cache: bool = True,
+                    cache: KVCache | None = None, timed: bool = False) -> Generation:
+    """Greedy decoding with a from-scratch model (`model(ids, cache) -> logits [batch, seq, vocab]`).
+
+    use_cache=True: prefill the prompt once, then feed only the newest token each step, appending its K and V.
+    use_cache=False: run the whole sequence again at every step (what a model without a cache must do).
+    timed=True: synchronize the device around each step and record its wall-clock seconds.
+    """
+    if new_tokens < 1:
+        raise CourseError(f"new_tokens must be at least 1, not {new_tokens}.")
+    from .device import synchronize
+
+    device = prompt_ids.device
+    batch, prompt_len = prompt_ids.shape
+    if use_cache and cache is None:
+        cache = model.new_cache(batch, prompt_len + new_tokens)
+    out = torch.empty(batch, new_tokens, dtype=prompt_ids.dtype, device=device)  # [batch, new] preallocated
+    seq = prompt_ids
+    times: list[float] = []
+    step_input = prompt_ids
+    for i in range(new_tokens):
+        if timed:
+            synchronize(device)
+            start = time.perf_counter()
+        logits = model(step_input, cache) if use_cache else model(seq)
+        next_id = logits[:, -1].argmax(-1)  # [batch]
+        out[:, i] = next_id
+        if timed:
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        if use_cache:
+            step_input = out[:, i:i + 1]
+        elif i + 1 < new_tokens:
+            seq = torch.cat([seq, out[:, i:i + 1]], dim=1)
+    return Generation(out, times)
 
 
 def _first(config, *names, default=KeyError):

@@ -1,0 +1,419 @@
+"""`python -m llm_anatomy bench` (topic "decode", the default): prefill and decode, measured here.
+
+    python -m llm_anatomy bench                       # the default model, on the best device
+    python -m llm_anatomy bench --json                # one JSON object instead of the table
+    python -m llm_anatomy bench --quick               # CI-sized: a few seconds
+    python -m llm_anatomy bench --model-size 1b       # a 1B-shaped Llama with random weights (GPU)
+
+Figures: the machine's measured peaks; from-scratch decoding against transformers' `generate` on
+the same prompt and length; decoding with and without the KV cache; prefill tokens/s at several
+prompt lengths; decode tokens/s at several batch sizes; the fraction of the memory-bandwidth limit
+that decode reaches. On a CUDA GPU it also captures the from-scratch decode step in a CUDA graph,
+which removes the per-kernel launch cost of Python and PyTorch, and shows it beside the eager figure.
+Random weights are honest for timing: speed does not depend on the weight values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from .device import pick_device, synchronize
+from .errors import CourseError
+from .kv_cache import generate_greedy
+from .measure import forward_work, measure_peaks, time_it
+
+# Llama shapes with random weights. "1b" follows Llama-3.2-1B, "360m" SmolLM2-360M; "tiny" is for tests.
+RANDOM_SHAPES = {
+    "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=8192,
+               rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "360m": dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                 num_attention_heads=15, num_key_value_heads=5, head_dim=64, max_position_embeddings=8192,
+                 rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),  # SmolLM2-360M's shape
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                 rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+}
+
+TARGETS = {  # what the course aims for; printed beside the figures, never asserted
+    "scratch_vs_transformers": 1.0,
+    "kv_cache_speedup_256": 5.0,
+    "decode_bandwidth_fraction_cpu": 0.6,
+    "decode_bandwidth_fraction_gpu": 0.5,
+}
+
+
+def random_llama(size: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """A transformers LlamaForCausalLM of a named shape with random weights, on `device` in `dtype`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if size not in RANDOM_SHAPES:
+        raise CourseError(f"Unknown model size {size!r}: use one of default, {', '.join(RANDOM_SHAPES)}.")
+    config = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **RANDOM_SHAPES[size])
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):  # build the weights where they will live: fast, and no CPU copy
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+class StaticDecoder:
+    """The from-scratch model's decode step with fixed shapes, so that a CUDA graph can replay it.
+
+    Eager PyTorch launches each small kernel from Python; for one token of a small model the GPU waits
+    on those launches more than it computes. A CUDA graph records the whole step once and replays it with
+    one launch. Fixed shapes are the price: the step attends over the whole preallocated cache with a mask
+    that hides the positions not yet written, and the position lives in a tensor, not a Python int.
+    """
+
+    def __init__(self, model, batch: int, max_len: int):
+        from .rope import rope_cos_sin
+
+        self.model, cfg = model, model.cfg
+        self.cache = model.new_cache(batch, max_len)
+        device = model.device
+        positions = torch.arange(max_len, device=device)
+        self.cos, self.sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=model.dtype)  # [max_len, d]
+        self.slots = positions  # [max_len]
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [batch, 1] the newest token
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # where the newest token goes
+        self.graph = None
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        """Run the prompt through the ordinary model (which fills the cache) and keep the first new token."""
+        self.cache.reset()
+        logits = self.model(prompt_ids, self.cache)
+        self.token.copy_(logits[:, -1:].argmax(-1))
+        self.pos.fill_(prompt_ids.shape[1])
+
+    def _step(self) -> None:
+        from .attention import attention
+        from .rope import apply_rope
+
+        m, cfg = self.model, self.model.cfg
+        b, d = self.token.shape[0], cfg.head_dim
+        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # [1, d]
+        key_mask = (self.slots <= self.pos).expand(b, -1)  # [b, max_len]: written positions only
+        x = m.embed_tokens(self.token)  # [b, 1, hidden]
+        for i, block in enumerate(m.layers):
+            a = block.self_attn
+            h = block.input_layernorm(x)
+            q = a.q_proj(h).view(b, 1, cfg.num_heads, d).transpose(1, 2)  # [b, heads, 1, d]
+            k = a.k_proj(h).view(b, 1, cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, 1, d]
+            v = a.v_proj(h).view(b, 1, cfg.num_kv_heads, d).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            self.cache.keys[i].index_copy_(2, self.pos, k)
+            self.cache.values[i].index_copy_(2, self.pos, v)
+            out = attention(q, self.cache.keys[i], self.cache.values[i], causal=False, key_mask=key_mask)
+            x = x + a.o_proj(out.transpose(1, 2).reshape(b, 1, cfg.num_heads * d))
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        logits = m.lm_head(m.norm(x))  # [b, 1, vocab]
+        self.token.copy_(logits[:, -1:].argmax(-1))
+        self.pos.add_(1)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Record one step in a CUDA graph (CUDA only); the state is restored after the warm-up steps."""
+        token, pos = self.token.clone(), self.pos.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.token.copy_(token)
+        self.pos.copy_(pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step()
+        self.graph = graph
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One decode step: replay the graph when captured, else run eagerly."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy tokens `[batch, new_tokens]`, the first from the prefill."""
+        self.prefill(prompt_ids)
+        out = [self.token.clone()]
+        for _ in range(new_tokens - 1):
+            self.step()
+            out.append(self.token.clone())
+        return torch.cat(out, dim=1)
+
+
+def _timed(fn, device):
+    """(seconds, result) of one call of fn, the device synchronized before and after."""
+    import time
+
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def _sizes(device: torch.device, quick: bool, model_size: str) -> dict:
+    gpu = device.type == "cuda"
+    if model_size == "tiny" or quick:
+        return dict(gen_tokens=8, nocache_tokens=32, prefill=[16, 64], batches=[1, 4], decode_steps=4, repeats=1,
+                    prompt=24)
+    if gpu:
+        return dict(gen_tokens=128, nocache_tokens=256, prefill=[128, 512, 2048, 4096], batches=[1, 8, 32, 128],
+                    decode_steps=16, repeats=3, prompt=32)
+    return dict(gen_tokens=32, nocache_tokens=256, prefill=[32, 128, 512], batches=[1, 4, 16], decode_steps=8,
+                repeats=2, prompt=32)
+
+
+def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
+    if loaded is not None:
+        from .chat import chat_prompt_ids
+
+        ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
+        return ids.to(device)  # the whole chat prompt (38 tokens), so that greedy answers make sense
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(3, vocab, (1, length), generator=g).to(device)
+
+
+def run(device: str = "auto", model_size: str = "default", quick: bool = False, graphs: bool = True,
+        log=lambda message: None) -> dict:
+    """Run every measurement and return the figures as a dict (what --json prints)."""
+    from .scratch import ScratchLlama
+
+    dev = pick_device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if dev.type == "mps":
+        dtype = torch.float16
+    sizes = _sizes(dev, quick, model_size)
+    loaded = None
+    log(f"loading the {model_size} model on {dev.type} ...")
+    if model_size == "default":
+        from .models import load_model
+
+        loaded = load_model(device=dev, dtype=dtype, verbose=False)
+        hf = loaded.model
+    else:
+        hf = random_llama(model_size, dev, dtype)
+    model = ScratchLlama.from_hf(hf)
+    cfg = model.cfg
+    elem = torch.tensor([], dtype=dtype).element_size()
+    params = sum(p.numel() for p in hf.parameters())
+    result = {"device": dev.type, "dtype": str(dtype).removeprefix("torch."), "model": model_size,
+              "parameters": params, "threads": torch.get_num_threads(), "quick": quick}
+
+    log("measuring the machine's peaks ...")
+    peaks = measure_peaks(dev, dtype, quick=quick)
+    log(f"  {peaks.flops_per_s / 1e9:.1f} GFLOP/s, {peaks.bytes_per_s / 1e9:.1f} GB/s")
+    result["device_name"] = peaks.device
+    result["peaks"] = {"matmul_flops_per_s": peaks.flops_per_s, "bandwidth_bytes_per_s": peaks.bytes_per_s,
+                       "how": peaks.how,
+                       "published_flops_per_s": peaks.published[0] if peaks.published else None,
+                       "published_bytes_per_s": peaks.published[1] if peaks.published else None}
+
+    prompt = _prompt(loaded, model_size, sizes["prompt"], cfg.vocab_size, dev)
+    p_len, reps = prompt.shape[1], sizes["repeats"]
+
+    # 1. from scratch against transformers' generate, same prompt, same number of new tokens
+    n = sizes["gen_tokens"]
+    log(f"from-scratch decoding against transformers generate, {n} new tokens ...")
+
+    import copy
+
+    settings = copy.deepcopy(hf.generation_config)  # greedy, exactly n tokens: no end-of-text stop
+    settings.eos_token_id, settings.do_sample, settings.max_new_tokens, settings.pad_token_id = None, False, n, 0
+    settings.temperature = settings.top_p = settings.top_k = None
+
+    def hf_generate():
+        with torch.inference_mode():
+            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=settings)[:, p_len:]
+
+    ours_tokens = generate_greedy(model, prompt, n).tokens  # the warm-up runs give the tokens to compare
+    theirs_tokens = hf_generate()
+    ours = time_it(lambda: generate_greedy(model, prompt, n), dev, warmup=0, repeats=reps)
+    theirs = time_it(hf_generate, dev, warmup=0, repeats=reps)
+    result["generate"] = {"prompt_tokens": p_len, "new_tokens": n,
+                          "scratch_tokens_per_s": n / ours.median_s,
+                          "transformers_tokens_per_s": n / theirs.median_s,
+                          "ratio": theirs.median_s / ours.median_s,
+                          "same_tokens": bool(torch.equal(ours_tokens.cpu(), theirs_tokens.cpu()))}
+    log(f"  scratch {n / ours.median_s:.1f} tokens/s, transformers {n / theirs.median_s:.1f} tokens/s")
+
+    # 2. with and without the KV cache (one run each: the run without the cache is the slow one)
+    n = sizes["nocache_tokens"]
+    log(f"decoding {n} tokens with and without the KV cache ...")
+    short = prompt[:, :8]
+    t_with, cached = _timed(lambda: generate_greedy(model, short, n), dev)
+    t_without, uncached = _timed(lambda: generate_greedy(model, short, n, use_cache=False), dev)
+    result["kv_cache"] = {"prompt_tokens": short.shape[1], "new_tokens": n,
+                          "with_cache_tokens_per_s": n / t_with,
+                          "without_cache_tokens_per_s": n / t_without,
+                          "speedup": t_without / t_with,
+                          "same_tokens": bool(torch.equal(cached.tokens, uncached.tokens))}
+    log(f"  with the cache {n / t_with:.1f} tokens/s, without {n / t_without:.1f} tokens/s")
+
+    # 3. prefill at several prompt lengths
+    log("prefill at several prompt lengths ...")
+    result["prefill"] = []
+    for length in sizes["prefill"]:
+        length = min(length, cfg.max_position_embeddings)
+        ids = torch.randint(3, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(dev)
+        cache = model.new_cache(1, length)
+
+        def prefill(ids=ids, cache=cache):
+            cache.reset()
+            with torch.inference_mode():
+                model(ids, cache)
+
+        t = time_it(prefill, dev, warmup=1, repeats=reps)
+        work = forward_work(cfg, length, 0, 1, elem)
+        result["prefill"].append({"prompt_tokens": length, "seconds": t.median_s, "tokens_per_s": length / t.median_s,
+                                  "flops_per_s": work.flops / t.median_s, "intensity": work.intensity})
+        log(f"  prefill {length} tokens: {length / t.median_s:.0f} tokens/s")
+
+    # 4. decode at several batch sizes (time per output token after a prefill of the prompt)
+    log("decode at several batch sizes ...")
+    result["decode_batch"] = []
+    steps = sizes["decode_steps"]
+    for batch in sizes["batches"]:
+        ids = prompt.expand(batch, -1).contiguous()
+        gen = generate_greedy(model, ids, steps + 1, timed=True)
+        tpot = gen.tpot_s
+        work = forward_work(cfg, 1, p_len + steps // 2, batch, elem)
+        result["decode_batch"].append({"batch": batch, "tpot_s": tpot, "tokens_per_s": batch / tpot,
+                                       "flops_per_s": work.flops / tpot, "intensity": work.intensity})
+        log(f"  decode batch {batch}: {batch / tpot:.1f} tokens/s")
+
+    # 5. how close decode comes to the bandwidth limit (batch 1, the cached run of step 2)
+    kv = result["kv_cache"]
+    per_token = forward_work(cfg, 1, short.shape[1] + kv["new_tokens"] // 2, 1, elem).bytes
+    speed = kv["with_cache_tokens_per_s"]
+    result["bandwidth_use"] = {"bytes_per_token": per_token, "tokens_per_s": speed,
+                               "attained_bytes_per_s": per_token * speed,
+                               "fraction": per_token * speed / peaks.bytes_per_s}
+
+    # 6. on a CUDA GPU: the same decode step replayed from a CUDA graph
+    if dev.type == "cuda" and graphs:
+        log("capturing the decode step in a CUDA graph ...")
+        try:
+            n = sizes["nocache_tokens"]
+            decoder = StaticDecoder(model, 1, short.shape[1] + n)
+            eager_tokens = decoder.generate(short, n)
+            decoder.prefill(short)
+            decoder.capture()
+            graph_tokens = decoder.generate(short, n)
+
+            def replay():
+                decoder.prefill(short)
+                for _ in range(n - 1):
+                    decoder.step()
+
+            t = time_it(replay, dev, warmup=1, repeats=reps)
+            synchronize(dev)
+            speed = n / t.median_s
+            result["cuda_graph"] = {"tokens_per_s": speed, "eager_tokens_per_s": kv["with_cache_tokens_per_s"],
+                                    "fraction": per_token * speed / peaks.bytes_per_s,
+                                    "same_tokens_as_static_eager": bool(torch.equal(eager_tokens, graph_tokens))}
+        except Exception as err:  # report, do not hide the other figures
+            result["cuda_graph"] = {"error": f"{type(err).__name__}: {err}"}
+
+    result["targets"] = _targets(result)
+    return result
+
+
+def _targets(r: dict) -> dict:
+    gpu = r["device"] == "cuda"
+    fraction = r["bandwidth_use"]["fraction"]
+    if gpu and "fraction" in r.get("cuda_graph", {}):
+        fraction = max(fraction, r["cuda_graph"]["fraction"])
+    rows = {
+        "scratch_vs_transformers": (r["generate"]["ratio"], TARGETS["scratch_vs_transformers"]),
+        "kv_cache_speedup": (r["kv_cache"]["speedup"], TARGETS["kv_cache_speedup_256"]),
+        "decode_bandwidth_fraction": (fraction, TARGETS["decode_bandwidth_fraction_gpu" if gpu
+                                                        else "decode_bandwidth_fraction_cpu"]),
+    }
+    return {k: {"value": v, "target": t, "met": bool(v >= t)} for k, (v, t) in rows.items()}
+
+
+def format_table(r: dict) -> str:
+    """The figures as readable text."""
+    p, g, kv, bw = r["peaks"], r["generate"], r["kv_cache"], r["bandwidth_use"]
+    lines = [f"Decode benchmark: {r['model']} model ({r['parameters'] / 1e6:.0f} M parameters), {r['dtype']}, "
+             f"on {r['device_name']}" + (" [quick]" if r["quick"] else ""),
+             "",
+             f"measured matmul peak        {p['matmul_flops_per_s'] / 1e12:10.3f} TFLOP/s",
+             f"measured read bandwidth     {p['bandwidth_bytes_per_s'] / 1e9:10.1f} GB/s   ({p['how']})"]
+    if p["published_flops_per_s"]:
+        lines.append(f"data sheet (this GPU)       {p['published_flops_per_s'] / 1e12:10.0f} TFLOP/s, "
+                     f"{p['published_bytes_per_s'] / 1e9:.0f} GB/s")
+    lines += ["",
+              f"generation, prompt {g['prompt_tokens']} tokens, {g['new_tokens']} new (greedy, end to end):",
+              f"  from scratch              {g['scratch_tokens_per_s']:10.1f} tokens/s",
+              f"  transformers generate     {g['transformers_tokens_per_s']:10.1f} tokens/s",
+              f"  ratio (scratch / theirs)  {g['ratio']:10.2f} x    same tokens: {g['same_tokens']}",
+              "",
+              f"KV cache, {kv['new_tokens']} new tokens after {kv['prompt_tokens']}:",
+              f"  with the cache            {kv['with_cache_tokens_per_s']:10.1f} tokens/s",
+              f"  without (recompute all)   {kv['without_cache_tokens_per_s']:10.1f} tokens/s",
+              f"  speedup                   {kv['speedup']:10.1f} x    same tokens: {kv['same_tokens']}",
+              "",
+              "prefill:   prompt tokens   tokens/s    GFLOP/s   FLOP/byte"]
+    for row in r["prefill"]:
+        lines.append(f"           {row['prompt_tokens']:13d} {row['tokens_per_s']:10.0f} {row['flops_per_s'] / 1e9:10.1f}"
+                     f" {row['intensity']:11.1f}")
+    lines.append("decode:    batch    ms/token   tokens/s    GFLOP/s   FLOP/byte")
+    for row in r["decode_batch"]:
+        lines.append(f"           {row['batch']:5d} {row['tpot_s'] * 1e3:11.2f} {row['tokens_per_s']:10.1f}"
+                     f" {row['flops_per_s'] / 1e9:10.1f} {row['intensity']:11.2f}")
+    lines += ["",
+              f"decode reads {bw['bytes_per_token'] / 1e6:.1f} MB per token (weights + KV cache); at "
+              f"{bw['tokens_per_s']:.1f} tokens/s that is {bw['attained_bytes_per_s'] / 1e9:.1f} GB/s = "
+              f"{bw['fraction']:.0%} of the measured bandwidth"]
+    if "cuda_graph" in r:
+        cg = r["cuda_graph"]
+        if "error" in cg:
+            lines.append(f"CUDA graph decode failed: {cg['error']}")
+        else:
+            lines.append(f"CUDA graph decode: {cg['tokens_per_s']:.1f} tokens/s (eager {cg['eager_tokens_per_s']:.1f}) = "
+                         f"{cg['fraction']:.0%} of the measured bandwidth; the graph removes per-kernel launch cost")
+    lines += ["", "targets:"]
+    for name, t in r["targets"].items():
+        lines.append(f"  {name:<28} {t['value']:8.2f}  (target >= {t['target']})  {'met' if t['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llm_anatomy bench decode", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
+    parser.add_argument("--model-size", default="default", choices=["default", "360m", "1b", "tiny"],
+                        help="default: SmolLM2-135M; 1b: a 1B-shaped random-weight Llama (GPU); tiny: for tests")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph measurement")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CourseError(f"--threads must be at least 1, not {args.threads}.")
+        torch.set_num_threads(args.threads)
+    log = (lambda message: print(message, file=sys.stderr)) if not args.json else (lambda message: None)
+    result = run(args.device, args.model_size, args.quick, not args.no_graphs, log)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

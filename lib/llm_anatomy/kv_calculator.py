@@ -1,0 +1,161 @@
+"""How much memory the KV cache takes, for famous models, long contexts and many users.
+
+Pure functions over a small table of published model shapes. The widget in
+widgets/kv_calculator.py is a thin shell over `kv_report`.
+
+Units: bytes, and GB = 1e9 bytes (GPU memory sizes are quoted as sold, e.g. "80 GB").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import CourseError
+from .kv_cache import kv_cache_bytes
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder that fix its KV cache (from the model's published config.json)."""
+
+    name: str
+    family: str  # "llama" or "falcon": which transformers config class describes it
+    attention: str  # "MHA", "GQA" or "MQA"
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    parameters: float  # total parameters, for the memory the weights take
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.heads
+
+    def config(self):
+        """The transformers config of this shape, built offline (no hub)."""
+        if self.family == "falcon":
+            from transformers import FalconConfig
+
+            return FalconConfig(hidden_size=self.hidden_size, num_attention_heads=self.heads,
+                                num_hidden_layers=self.layers, multi_query=self.kv_heads == 1,
+                                new_decoder_architecture=self.kv_heads not in (1, self.heads),
+                                num_kv_heads=self.kv_heads)
+        from transformers import LlamaConfig
+
+        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.heads,
+                           num_key_value_heads=self.kv_heads, num_hidden_layers=self.layers,
+                           head_dim=self.head_dim)
+
+
+# Published configs (the models' config.json files on the Hugging Face hub).
+FAMOUS_MODELS: dict[str, ModelShape] = {m.name: m for m in [
+    ModelShape("SmolLM2-135M", "llama", "GQA", layers=30, hidden_size=576, heads=9, kv_heads=3, parameters=134.5e6),
+    ModelShape("Llama-2-7B", "llama", "MHA", layers=32, hidden_size=4096, heads=32, kv_heads=32, parameters=6.74e9),
+    ModelShape("Llama-3-8B", "llama", "GQA", layers=32, hidden_size=4096, heads=32, kv_heads=8, parameters=8.03e9),
+    ModelShape("Falcon-7B", "falcon", "MQA", layers=32, hidden_size=4544, heads=71, kv_heads=1, parameters=7.22e9),
+    ModelShape("Llama-2-70B", "llama", "GQA", layers=80, hidden_size=8192, heads=64, kv_heads=8, parameters=69.0e9),
+]}
+
+# GPU memory as sold, GB.
+GPU_MEMORY_GB: dict[str, float] = {
+    "laptop GPU (8 GB)": 8, "T4 (16 GB)": 16, "L4 (24 GB)": 24, "A100 (40 GB)": 40, "A100 (80 GB)": 80,
+    "H100 (80 GB)": 80, "H200 (141 GB)": 141,
+}
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                                  "fp8": torch.float8_e4m3fn}
+
+MAX_LENGTH = 10_000_000  # tokens: beyond any model's context today
+MAX_USERS = 1_000_000
+
+
+def model_shape(name: str) -> ModelShape:
+    """The shape of a famous model by name (see FAMOUS_MODELS)."""
+    if name not in FAMOUS_MODELS:
+        raise CourseError(f"Unknown model {name!r}: choose one of {', '.join(FAMOUS_MODELS)}.")
+    return FAMOUS_MODELS[name]
+
+
+def bytes_per_element(dtype: str | torch.dtype) -> int:
+    """Bytes of one number: 2 for 'bf16'/'fp16', 4 for 'fp32', 1 for 'fp8'."""
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise CourseError(f"Unknown number format {dtype!r}: choose one of {', '.join(DTYPES)}.")
+        dtype = DTYPES[dtype]
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def kv_bytes_per_token(name: str, dtype: str = "bf16") -> int:
+    """Bytes the KV cache of model `name` needs per token of one sequence."""
+    bytes_per_element(dtype)  # a clear error for an unknown format
+    return kv_cache_bytes(model_shape(name).config(), 1, 1, DTYPES[dtype])
+
+
+def _check_count(value, what: str, largest: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        raise CourseError(f"The {what} must be a whole number, not {value!r}.")
+    if value < 1:
+        raise CourseError(f"The {what} must be at least 1, not {int(value)}.")
+    if value > largest:
+        raise CourseError(f"The {what} {int(value):,} is too large: use at most {largest:,}.")
+    return int(value)
+
+
+def _check_memory(gpu_memory_gb) -> float:
+    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, (int, float)) \
+            or not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:
+        raise CourseError(f"GPU memory must be a positive number of GB, not {gpu_memory_gb!r}.")
+    if gpu_memory_gb > 100_000:
+        raise CourseError(f"{gpu_memory_gb:,} GB is more memory than any GPU has: use at most 100,000 GB.")
+    return float(gpu_memory_gb)
+
+
+def users_that_fit(per_user_bytes: int, gpu_memory_gb: float, weight_bytes: int = 0) -> int:
+    """How many sequences' KV caches fit in `gpu_memory_gb` after the weights (whole users, 0 if none)."""
+    free = _check_memory(gpu_memory_gb) * GB - weight_bytes
+    if free <= 0 or per_user_bytes <= 0:
+        return 0
+    return int(free // per_user_bytes)
+
+
+@dataclass(frozen=True)
+class KVReport:
+    """The calculator's answer. Bytes are exact integers; GB = 1e9 bytes."""
+
+    model: str
+    length: int
+    users: int
+    dtype: str
+    gpu_memory_gb: float
+    bytes_per_token: int  # one token of one sequence
+    per_user_bytes: int  # one sequence of `length` tokens
+    total_bytes: int  # all users
+    weight_bytes: int  # the model's weights in the same number format
+    users_fit: int  # sequences of `length` that fit beside the weights
+
+    @property
+    def total_gb(self) -> float:
+        return self.total_bytes / GB
+
+    @property
+    def fits(self) -> bool:
+        return self.users <= self.users_fit
+
+
+def kv_report(model: str, length: int, users: int = 1, dtype: str = "bf16", gpu_memory_gb: float = 80) -> KVReport:
+    """KV cache bytes for `users` sequences of `length` tokens of a famous model, and how many fit in a GPU."""
+    shape = model_shape(model)
+    length = _check_count(length, "sequence length", MAX_LENGTH)
+    users = _check_count(users, "number of users", MAX_USERS)
+    size = bytes_per_element(dtype)
+    memory = _check_memory(gpu_memory_gb)
+    per_token = kv_cache_bytes(shape.config(), 1, 1, DTYPES[dtype])
+    weights = int(shape.parameters * size)
+    return KVReport(model, length, users, dtype, memory, per_token, per_token * length, per_token * length * users,
+                    weights, users_that_fit(per_token * length, memory, weights))

@@ -1,0 +1,76 @@
+"""The decode benchmark: its JSON structure (one small subprocess run), and the static decode step's exactness."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from llm_anatomy.bench import StaticDecoder, format_table, random_llama
+from llm_anatomy.kv_cache import generate_greedy
+from llm_anatomy.scratch import ScratchLlama
+
+
+@pytest.fixture(scope="module")
+def quick_json():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "bench", "--json", "--quick", "--model-size", "tiny",
+                           "--device", "cpu", "--threads", "1"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def test_json_has_every_figure(quick_json):
+    r = quick_json
+    assert r["device"] == "cpu" and r["model"] == "tiny" and r["quick"] is True and r["threads"] == 1
+    assert _positive(r["peaks"]["matmul_flops_per_s"]) and _positive(r["peaks"]["bandwidth_bytes_per_s"])
+    g = r["generate"]
+    for key in ("scratch_tokens_per_s", "transformers_tokens_per_s", "ratio"):
+        assert _positive(g[key]), key
+    assert g["same_tokens"] is True  # fp32 on the CPU: the same greedy tokens as transformers
+    kv = r["kv_cache"]
+    for key in ("with_cache_tokens_per_s", "without_cache_tokens_per_s", "speedup"):
+        assert _positive(kv[key]), key
+    assert kv["same_tokens"] is True
+    assert [row["prompt_tokens"] for row in r["prefill"]] == [16, 64]
+    assert [row["batch"] for row in r["decode_batch"]] == [1, 4]
+    for row in r["prefill"] + r["decode_batch"]:
+        assert all(_positive(row[k]) for k in ("tokens_per_s", "flops_per_s", "intensity"))
+    assert _positive(r["bandwidth_use"]["bytes_per_token"]) and _positive(r["bandwidth_use"]["fraction"])
+    assert set(r["targets"]) == {"scratch_vs_transformers", "kv_cache_speedup", "decode_bandwidth_fraction"}
+    assert "cuda_graph" not in r  # CPU: no graph
+
+
+def test_the_table_names_each_figure(quick_json):
+    text = format_table(quick_json)
+    for words in ("transformers generate", "with the cache", "speedup", "prefill:", "decode:", "of the measured bandwidth"):
+        assert words in text
+
+
+def test_static_decode_step_gives_the_same_tokens_as_the_cached_loop():
+    from conftest import tiny_llama
+
+    model = ScratchLlama.from_hf(tiny_llama(seed=5, tie_word_embeddings=False))
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    expected = generate_greedy(model, ids, 10).tokens
+    decoder = StaticDecoder(model, batch=2, max_len=17)
+    assert torch.equal(decoder.generate(ids, 10), expected)
+    assert torch.equal(decoder.generate(ids, 10), expected)  # a second run starts afresh
+
+
+def test_random_llama_has_the_named_shape():
+    model = random_llama("tiny", torch.device("cpu"), torch.float32)
+    assert model.config.num_key_value_heads == 2 and next(model.parameters()).dtype == torch.float32
+    from llm_anatomy.errors import CourseError
+
+    with pytest.raises(CourseError, match="Unknown model size"):
+        random_llama("7b", torch.device("cpu"), torch.float32)

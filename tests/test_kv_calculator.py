@@ -1,0 +1,102 @@
+"""The KV memory calculator: published figures, users that fit, refused inputs, and the widget's callbacks."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import FalconConfig, LlamaConfig
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.kv_calculator import (FAMOUS_MODELS, GB, kv_bytes_per_token, kv_report, model_shape,
+                                       users_that_fit)
+from llm_anatomy.widgets.kv_calculator import KVCalculator
+
+
+@pytest.mark.parametrize("name, dtype, per_token", [
+    ("Llama-2-7B", "fp16", 524_288), ("Llama-3-8B", "bf16", 131_072), ("Falcon-7B", "bf16", 8_192),
+    ("SmolLM2-135M", "bf16", 23_040), ("Llama-2-70B", "fp16", 327_680), ("Llama-3-8B", "fp32", 262_144),
+    ("Llama-3-8B", "fp8", 65_536),
+])
+def test_published_bytes_per_token(name, dtype, per_token):
+    assert kv_bytes_per_token(name, dtype) == per_token
+
+
+def test_shapes_build_the_right_transformers_configs():
+    assert isinstance(model_shape("Falcon-7B").config(), FalconConfig)
+    assert isinstance(model_shape("Llama-3-8B").config(), LlamaConfig)
+    kinds = {m.attention for m in FAMOUS_MODELS.values()}
+    assert kinds == {"MHA", "GQA", "MQA"}
+
+
+def test_report_numbers():
+    r = kv_report("Llama-3-8B", length=8192, users=10, dtype="bf16", gpu_memory_gb=80)
+    assert r.per_user_bytes == 131_072 * 8192 == 2**30
+    assert r.total_bytes == 10 * 2**30 and r.total_gb == pytest.approx(10.737, abs=1e-3)
+    assert r.weight_bytes == int(8.03e9 * 2)
+    assert r.users_fit == int((80 * GB - r.weight_bytes) // 2**30) == 59 and r.fits
+
+
+def test_users_that_fit_after_the_weights():
+    assert users_that_fit(10, 1e-8) == 1  # 10 bytes of memory, 10 bytes per user
+    assert users_that_fit(GB, 10, weight_bytes=int(4.5 * GB)) == 5
+    assert users_that_fit(GB, 10, weight_bytes=int(11 * GB)) == 0  # the weights alone do not fit
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="GPT-5"), "Unknown model"),
+    (dict(length=0), "at least 1"),
+    (dict(length=-5), "at least 1"),
+    (dict(length=10**12), "too large"),
+    (dict(length=2.5), "whole number"),
+    (dict(users=0), "at least 1"),
+    (dict(users=10**9), "too large"),
+    (dict(dtype="int3"), "Unknown number format"),
+    (dict(gpu_memory_gb=0), "positive"),
+    (dict(gpu_memory_gb=-8), "positive"),
+    (dict(gpu_memory_gb=1e9), "more memory"),
+])
+def test_refused_inputs_say_what_to_do(kwargs, message):
+    args = dict(model="Llama-3-8B", length=4096, users=1, dtype="bf16", gpu_memory_gb=80) | kwargs
+    with pytest.raises(CourseError, match=message):
+        kv_report(**args)
+
+
+def test_widget_shows_the_report_and_has_css_classes():
+    w = KVCalculator()
+    assert "la-kvcalc" in w._dom_classes
+    for part, box in [("model", w.model_box), ("length", w.length_box), ("users", w.users_box),
+                      ("dtype", w.dtype_box), ("memory", w.memory_box), ("result", w.result), ("error", w.error)]:
+        assert f"la-kvcalc-{part}" in box._dom_classes
+    assert "131,072 B" in w.result_text and "59" in w.result_text and w.error.text == ""
+
+
+def test_widget_callbacks_update_in_place():
+    w = KVCalculator(model="Llama-3-8B", length=1024, users=1)
+    w.set_model("Llama-2-7B")
+    assert "524,288 B" in w.result_text and w.state["model"] == "Llama-2-7B"
+    w.users_box.value = 100  # the browser path: the observer calls set_users
+    assert w.state["users"] == 100 and "does not fit" not in w.result_text
+    w.set_length(100_000)
+    assert "does not fit" in w.result_text and w.report.users_fit == 1
+    w.set_dtype("fp32")
+    assert "1,048,576 B" in w.result_text
+    w.set_gpu_memory(141)
+    assert w.report.gpu_memory_gb == 141
+
+
+@pytest.mark.parametrize("method, value", [("set_length", 0), ("set_length", -3), ("set_length", 10**12),
+                                           ("set_users", 0), ("set_users", -1), ("set_gpu_memory", 0),
+                                           ("set_gpu_memory", -80), ("set_model", "nope"), ("set_dtype", "int3")])
+def test_widget_refuses_bad_values_without_changing_state(method, value):
+    w = KVCalculator()
+    before_state, before_html = dict(w.state), w.result.value
+    getattr(w, method)(value)  # never raises
+    assert w.error.text != "" and w.state == before_state and w.result.value == before_html
+    w.set_users(2)  # a good value clears the error
+    assert w.error.text == "" and w.state["users"] == 2
+
+
+def test_widget_refuses_bad_values_typed_in_the_browser():
+    w = KVCalculator()
+    before = dict(w.state)
+    w.length_box.value = -100
+    assert "at least 1" in w.error.text and w.state == before

@@ -1,0 +1,115 @@
+"""Timing helpers, the machine's peaks, FLOP/byte accounting and the roofline (structure and maths, never speed)."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.measure import (Peaks, Timing, Work, forward_work, matmul_parameters, measure_bandwidth,
+                                 measure_matmul_flops, measure_peaks, peaks_table, plot_roofline,
+                                 published_peaks, roof, roofline_point, time_generation, time_it)
+from llm_anatomy.scratch import ScratchConfig, ScratchLlama
+
+
+def test_time_it_warms_up_then_repeats():
+    calls = []
+    timing = time_it(lambda: calls.append(1), "cpu", warmup=2, repeats=5)
+    assert len(calls) == 7 and len(timing.times_s) == 5 and timing.warmup == 2
+    assert all(t >= 0 for t in timing.times_s)
+    assert timing.min_s <= timing.median_s <= max(timing.times_s)
+    assert timing.median_ms == pytest.approx(timing.median_s * 1e3)
+    assert "median" in repr(timing)
+    with pytest.raises(CourseError):
+        time_it(lambda: None, "cpu", repeats=0)
+
+
+def test_median_of_known_times():
+    assert Timing([3.0, 1.0, 2.0], 0).median_s == 2.0
+
+
+def test_measured_peaks_are_positive_finite_numbers():
+    flops = measure_matmul_flops("cpu", size=64, repeats=2)
+    read = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2)
+    copy = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, method="copy")
+    for value in (flops, read, copy):
+        assert math.isfinite(value) and value > 0
+    with pytest.raises(CourseError, match="sum"):
+        measure_bandwidth("cpu", method="scan")
+    peaks = measure_peaks("cpu", quick=True)
+    assert peaks.published is None and "matmul" in peaks.how and peaks.dtype == "float32"
+    assert "this machine (measured)" in peaks_table(peaks) and "H200" in peaks_table(peaks)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("Tesla T4", (65e12, 320e9)),
+    ("NVIDIA L4", (121e12, 300e9)),
+    ("NVIDIA A100-SXM4-80GB", (312e12, 2039e9)),
+    ("NVIDIA A100-SXM4-40GB", (312e12, 1555e9)),
+    ("NVIDIA H100 80GB HBM3", (989e12, 3350e9)),
+    ("NVIDIA H100 PCIe", (756e12, 2000e9)),
+    ("NVIDIA H200", (989e12, 4800e9)),
+    ("NVIDIA L40S", None),  # not the L4
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_published_peaks_match_by_device_name(name, expected):
+    found = published_peaks(name)
+    assert found == (None if expected is None else pytest.approx(expected))
+
+
+def test_roofline_point_maths_on_known_numbers():
+    work = Work(flops=2e9, bytes=1e9)
+    assert work.intensity == 2.0
+    point = roofline_point("decode b=1", work, seconds=0.5)
+    assert point.intensity == 2.0 and point.flops_per_s == 4e9
+    peaks = Peaks("test", "float32", flops_per_s=100e9, bytes_per_s=10e9, how="")
+    assert peaks.ridge_intensity == 10.0
+    assert roof(peaks, 2.0) == 20e9  # below the ridge: bandwidth x intensity
+    assert roof(peaks, 50.0) == 100e9  # above it: the compute peak
+    with pytest.raises(CourseError):
+        roofline_point("x", work, 0)
+    with pytest.raises(CourseError):
+        Work(1.0, 0.0).intensity
+
+
+def test_forward_work_counts_weights_and_kv(tiny_model):
+    cfg = ScratchConfig.from_hf(tiny_model.config)
+    norms = sum(p.numel() for n, p in tiny_model.named_parameters() if "norm" in n)
+    # tied embeddings: the LM head's matmul reads the embedding table; every other weight is a projection
+    assert matmul_parameters(cfg) == sum(p.numel() for p in tiny_model.parameters()) - norms
+    w = matmul_parameters(cfg)
+    decode = forward_work(cfg, new_tokens=1, past=9, batch=1, bytes_per_element=4)
+    kv_per_position = 2 * 2 * 2 * 16 * 4  # K and V x layers x kv_heads x head_dim x fp32
+    assert decode.bytes == w * 4 + kv_per_position * 10
+    assert decode.flops == 2 * w + 4 * 2 * 4 * 16 * 10  # attention over 10 positions, 4 heads of 16
+    prefill = forward_work(cfg, new_tokens=100, past=0, batch=1, bytes_per_element=4)
+    assert prefill.intensity > 30 * decode.intensity  # the weights are read once for all 100 tokens
+    batched = forward_work(cfg, new_tokens=1, past=9, batch=8, bytes_per_element=4)
+    assert batched.intensity > 5 * decode.intensity
+
+
+def test_plot_roofline_is_log_log_with_units():
+    peaks = Peaks("test", "float32", flops_per_s=100e9, bytes_per_s=10e9, how="")
+    points = [roofline_point("prefill 512", Work(1e12, 1e9), 20.0), roofline_point("decode b=1", Work(2e9, 1e9), 0.2)]
+    ax = plot_roofline(peaks, points)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP per byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel()
+    assert [t.get_text() for t in ax.texts] == ["prefill 512", "decode b=1"]
+    import matplotlib.pyplot as plt
+
+    plt.close(ax.figure)
+
+
+def test_time_generation_gives_ttft_and_tpot(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    t = time_generation(model, ids, new_tokens=5)
+    assert t.prompt_tokens == 12 and t.batch == 2 and len(t.step_seconds) == 5
+    assert t.ttft_s > 0 and t.tpot_s > 0
+    assert t.decode_tokens_per_s == pytest.approx(2 / t.tpot_s)
+    assert t.prefill_tokens_per_s == pytest.approx(24 / t.ttft_s)
