@@ -72,21 +72,28 @@ def attention_probabilities(q: torch.Tensor, k: torch.Tensor, *, causal: bool = 
     query that may see no key at all (a padding position).
     """
     _check_shapes(q, k)
-    k = repeat_kv(k, q.shape[1] // k.shape[1])
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [b, h, q_len, k_len]
+    b, heads, q_len, d = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[-2]
+    # Grouped-query attention without copying K: the n_rep query heads of one group are stacked
+    # as extra rows against their shared KV head. The numbers are those of repeat_kv(k) @ q.
+    q_grouped = q.reshape(b, kv_heads, (heads // kv_heads) * q_len, d)  # [b, kv_heads, n_rep * q_len, d]
+    scores = (q_grouped @ k.transpose(-2, -1)) / math.sqrt(d)  # [b, kv_heads, n_rep * q_len, k_len]
+    scores = scores.view(b, heads, q_len, k_len)
     allowed = None
-    if causal:
-        allowed = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+    if causal and q_len > 1:  # a single query (a decode step) is the newest position: it may see every key
+        allowed = causal_mask(q_len, k_len, device=q.device)
     if key_mask is not None:
-        if key_mask.shape != (q.shape[0], k.shape[-2]):
-            raise CourseError(f"key_mask must be [batch, k_len] = {(q.shape[0], k.shape[-2])}, "
+        if key_mask.shape != (b, k_len):
+            raise CourseError(f"key_mask must be [batch, k_len] = {(b, k_len)}, "
                               f"not {tuple(key_mask.shape)}.")
         keys_ok = key_mask[:, None, None, :].bool()
         allowed = keys_ok if allowed is None else (allowed & keys_ok)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1)
-    return torch.nan_to_num(weights)  # a padding query that sees no key at all gets zeros, not NaN
+    if key_mask is not None:
+        weights = torch.nan_to_num(weights)  # a padding query that sees no key at all gets zeros, not NaN
+    return weights
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -100,5 +107,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     _check_shapes(q, k, v)
     weights = attention_probabilities(q, k, causal=causal, key_mask=key_mask)
-    out = weights.to(v.dtype) @ repeat_kv(v, q.shape[1] // v.shape[1])  # [b, heads, q_len, head_dim]
+    b, heads, q_len, _ = q.shape
+    kv_heads = v.shape[1]
+    grouped = weights.to(v.dtype).view(b, kv_heads, (heads // kv_heads) * q_len, -1)  # rows of one KV group
+    out = (grouped @ v).view(b, heads, q_len, v.shape[-1])  # [b, heads, q_len, head_dim]
     return (out, weights) if return_weights else out

@@ -272,7 +272,7 @@ class GenerationSession:
         layers = (self.attention[0],) if self.attention else ()
         length_before = cache.length
         try:
-            out = self.model.trace(x, cache, keep_hidden=False, attention_layers=layers)
+            out = self.model.trace(x, cache, keep_hidden=False, attention_layers=layers, logits_to_keep=1)
         except Exception:
             cache.length = length_before  # a failed call must not leave half-written positions counted
             raise

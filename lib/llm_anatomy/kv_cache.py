@@ -166,7 +166,7 @@ def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cac
         if timed:
             synchronize(device)
             start = time.perf_counter()
-        logits = model(step_input, cache) if use_cache else model(seq)
+        logits = model(step_input, cache, logits_to_keep=1) if use_cache else model(seq, logits_to_keep=1)
         next_id = logits[:, -1].argmax(-1)  # [batch]
         out[:, i] = next_id
         if timed:

@@ -185,14 +185,18 @@ class ScratchLlama(nn.Module):
                                 cfg.head_dim, dtype=self.dtype, device=self.device)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits `[batch, seq, vocab]` for token ids `[batch, seq]`; with a cache, appends to it."""
-        return self.trace(input_ids, cache, attention_mask, keep_hidden=False).logits
+                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits `[batch, seq, vocab]` for token ids `[batch, seq]`; with a cache, appends to it.
+
+        logits_to_keep: compute logits for the last n positions only (0 = all). Generation needs
+        only the last one, and the LM head is the largest matrix of a small model.
+        """
+        return self.trace(input_ids, cache, attention_mask, keep_hidden=False, logits_to_keep=logits_to_keep).logits
 
     @torch.no_grad()
     def trace(self, input_ids: torch.Tensor, cache: KVCache | None = None,
               attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True,
-              attention_layers=()) -> ScratchOutput:
+              attention_layers=(), logits_to_keep: int = 0) -> ScratchOutput:
         """Run the model and keep what the notebooks look at.
 
         attention_mask: optional `[batch, past + seq]` of 1 (token) and 0 (left padding), as in transformers.
@@ -234,6 +238,8 @@ class ScratchLlama(nn.Module):
                 out.hidden_states.append(x)
         if cache is not None:
             cache.advance(s)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
         out.logits = self.lm_head(self.norm(x))
         return out
 
