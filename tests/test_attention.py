@@ -11,7 +11,7 @@ from llm_anatomy.attention import attention, attention_probabilities, causal_mas
 from llm_anatomy.rope import rope_cos_sin
 from llm_anatomy.scratch import ScratchLlama
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 def _qkv(heads=4, kv_heads=2, seq=7, d=16, batch=2, seed=0):

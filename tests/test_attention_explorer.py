@@ -10,7 +10,7 @@ from llm_anatomy.attention_view import attention_view, draw_attention, token_lab
 from llm_anatomy.scratch import ScratchLlama
 from llm_anatomy.widgets.attention_explorer import AttentionExplorer
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 class CharTokenizer:

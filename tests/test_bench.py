@@ -57,7 +57,7 @@ def test_the_table_names_each_figure(quick_json):
 
 
 def test_static_decode_step_gives_the_same_tokens_as_the_cached_loop():
-    from conftest import tiny_llama
+    from tiny_models import tiny_llama
 
     model = ScratchLlama.from_hf(tiny_llama(seed=5, tie_word_embeddings=False))
     ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))

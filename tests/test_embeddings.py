@@ -10,7 +10,7 @@ from llm_anatomy.embeddings import (cosine_similarities, embedding_table, neares
                                     pca_2d, tied_embeddings, token_id)
 from llm_anatomy.scratch import ScratchLlama
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 def test_one_hot_times_the_table_is_the_lookup(tiny_model):

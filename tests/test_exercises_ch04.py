@@ -27,7 +27,7 @@ def test_swiglu():
 
 
 def test_next_token_on_a_tiny_model():
-    from conftest import tiny_llama
+    from tiny_models import tiny_llama
 
     from llm_anatomy.scratch import ScratchLlama
 

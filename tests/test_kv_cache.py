@@ -106,7 +106,7 @@ def test_overflow_and_bad_allocation_are_clear_errors():
 
 
 def test_cached_and_uncached_generation_give_identical_tokens_and_match_transformers():
-    from conftest import tiny_llama
+    from tiny_models import tiny_llama
 
     hf = tiny_llama(seed=3, tie_word_embeddings=False)
     model = ScratchLlama.from_hf(hf)

@@ -9,7 +9,7 @@ from llm_anatomy import CourseError
 from llm_anatomy.logit_lens import lens_logits, logit_lens
 from llm_anatomy.scratch import ScratchLlama
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 def test_the_lens_on_the_last_layer_gives_the_models_logits():

@@ -12,7 +12,7 @@ from llm_anatomy import CourseError
 from llm_anatomy.rope import (apply_rope, rope_angles, rope_cos_sin, rope_cos_sin_for, rope_frequencies,
                               rotate_2d, rotate_half)
 
-from conftest import tiny_llama
+from tiny_models import tiny_llama
 
 
 def test_frequencies_are_theta_to_the_minus_2i_over_d():

@@ -12,7 +12,7 @@ from llm_anatomy.scratch_check import (PROMPTS, cached_differences, eager_differ
                                        greedy_matches, greedy_tokens, left_padded, natural_text_ids,
                                        padded_differences)
 
-from conftest import tiny_llama, tiny_llama_config
+from tiny_models import tiny_llama, tiny_llama_config
 
 LAYOUTS = {"MHA": 4, "GQA": 2, "MQA": 1}  # key/value heads for 4 query heads
 
