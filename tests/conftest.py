@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-from tiny_models import tiny_llama, tiny_llama_config  # noqa: F401  (re-exported for fixtures)
+import os
+
+# No test may need a model hub. Set before any test module imports transformers/huggingface_hub,
+# which read this variable once, at import time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+from tiny_models import tiny_llama, tiny_llama_config  # noqa: E402,F401  (re-exported for fixtures)
 
 
 @pytest.fixture
@@ -24,11 +30,3 @@ def pytest_collection_modifyitems(config, items):
         if "real" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _no_model_hub():
-    """No test may need a model hub: make any attempt fail fast instead of hanging."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    yield

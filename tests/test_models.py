@@ -151,6 +151,21 @@ def test_a_hub_model_without_network_says_offline(tmp_path, monkeypatch):
         load_model("HuggingFaceTB/SmolLM2-360M-Instruct", verbose=False)
 
 
+def test_a_hub_model_whose_host_cannot_be_resolved_says_offline(monkeypatch):
+    import huggingface_hub
+
+    class ConnectError(Exception):  # what an HTTP library raises when DNS fails, outside the OSError tree
+        pass
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    with pytest.raises(CourseError, match="Could not reach the model hub.*offline") as info:
+        load_model("HuggingFaceTB/SmolLM2-360M-Instruct", verbose=False)
+    assert "ConnectError" in str(info.value)
+
+
 def test_hub_files_are_checked_by_sha256(tmp_path):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"weights")

@@ -306,11 +306,7 @@ def _hub_snapshot(repo_id: str) -> Path:
     """Download a hub model's safetensors, config and tokenizer; check each weight file's SHA-256."""
     try:
         from huggingface_hub import HfApi, snapshot_download
-        from huggingface_hub.errors import (
-            GatedRepoError,
-            LocalEntryNotFoundError,
-            RepositoryNotFoundError,
-        )
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
     except ImportError:
         raise CourseError("Loading hub models needs the huggingface_hub package: pip install huggingface_hub.") from None
     patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer*"]
@@ -321,7 +317,7 @@ def _hub_snapshot(repo_id: str) -> Path:
         raise CourseError(f"Unknown model {repo_id!r}: the hub has no such model (check the spelling).") from None
     except GatedRepoError:
         raise CourseError(f"{repo_id!r} is gated: accept its licence on the hub and log in first.") from None
-    except (LocalEntryNotFoundError, OSError) as err:
+    except Exception as err:  # no network, DNS failure, proxy, offline mode: whatever the HTTP library raises
         raise CourseError(
             f"Could not reach the model hub to download {repo_id!r} ({type(err).__name__}). "
             "You seem to be offline: use the default model with load_model(), which works offline."
