@@ -23,8 +23,11 @@ setup: $(VENV)/.installed
 model: setup
 	$(BIN)/python -m llm_anatomy fetch
 
+# JupyterLab refuses to run as root unless told (containers, cloud VMs); learners' laptops never need it.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: model
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: model
 	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
