@@ -51,7 +51,7 @@ def test_generation_stepper(notebook_page, reference_tokenizer):
 
     # Prefill: the whole prompt in one call, its K and V in the cache, and the first new token.
     root.locator(".la-stepper-prefill").click()
-    expect(status).to_contain_text("1 new tokens", timeout=60_000)
+    expect(status).to_contain_text("1 new token ·", timeout=60_000)
     expect(tokens).to_have_count(1)
     expect(root.locator(".la-stepper-chart .la-stepper-chosen")).to_have_count(1)
     expect(root.locator(".la-stepper-chart")).to_contain_text("Next-token candidates")

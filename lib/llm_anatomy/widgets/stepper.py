@@ -327,5 +327,5 @@ class Stepper(W.VBox):
             self.attention_view.value = attention_html(s.tokenizer, fed, last.attention, *s.attention)
         state = {"eos": "finished: the model ended its turn", "length": "finished: length limit"}.get(
             last.stop_reason, "press Step for the next token")
-        self.status.value = (f'<span class="la-stepper-count">{len(s.generated)} new tokens</span> · prompt '
+        self.status.value = (f'<span class="la-stepper-count">{len(s.generated)} new token{"" if len(s.generated) == 1 else "s"}</span> · prompt '
                              f'{len(s.prompt_ids)} tokens · prefill {s.prefill_ms:.0f} ms · {state}')
