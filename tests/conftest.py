@@ -25,6 +25,24 @@ def real():
     return load_model(device="cpu", verbose=False)
 
 
+@pytest.fixture(scope="session")
+def reference_tokenizer():
+    """The default model's own tokenizer, read from the course's cache (no weights, no network)."""
+    from transformers import AutoTokenizer
+
+    from llm_anatomy.models import fetch_default_model
+
+    return AutoTokenizer.from_pretrained(fetch_default_model())
+
+
+@pytest.fixture(scope="module")
+def ours(reference_tokenizer):
+    """Our BPE encoder built from the model's vocabulary and merges."""
+    from llm_anatomy.bpe import BPETokenizer
+
+    return BPETokenizer.from_hf(reference_tokenizer)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "real" in getattr(item, "fixturenames", ()):

@@ -17,18 +17,8 @@ from llm_anatomy.errors import CourseError
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """The default model's own tokenizer (from the course's cache; no model weights are loaded)."""
-    from transformers import AutoTokenizer
-
-    from llm_anatomy.models import fetch_default_model
-
-    return AutoTokenizer.from_pretrained(fetch_default_model())
-
-
-@pytest.fixture(scope="module")
-def ours(reference):
-    return BPETokenizer.from_hf(reference)
+def reference(reference_tokenizer):
+    return reference_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,8 @@ pytestmark = pytest.mark.integration  # uses the default model's tokenizer (from
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from transformers import AutoTokenizer
-
-    from llm_anatomy.models import fetch_default_model
-
-    return AutoTokenizer.from_pretrained(fetch_default_model())
-
-
-@pytest.fixture(scope="module")
-def ours(reference):
-    return BPETokenizer.from_hf(reference)
+def reference(reference_tokenizer):
+    return reference_tokenizer
 
 
 @pytest.fixture

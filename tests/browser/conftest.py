@@ -261,16 +261,6 @@ def chromium_path():
 
 
 @pytest.fixture(scope="session")
-def reference_tokenizer():
-    """The default model's own tokenizer, read from the cache (no network), to check what widgets show."""
-    from transformers import AutoTokenizer
-
-    from llm_anatomy.models import default_model_dir
-
-    return AutoTokenizer.from_pretrained(str(default_model_dir()))
-
-
-@pytest.fixture(scope="session")
 def lab(chromium_path, tmp_path_factory):
     """The running JupyterLab server; stopped, with everything it started, at the end of the session."""
     for old in SCREENSHOTS.glob("FAILED-*.png"):
