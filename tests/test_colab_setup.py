@@ -6,7 +6,6 @@ so no network is used.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import types

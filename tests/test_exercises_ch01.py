@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exercise_helpers import load_solutions, not_yet as _not_yet, unattempted as _unattempted
+from exercise_helpers import load_solutions
 
 from llm_anatomy.exercises import ch01
 

@@ -13,7 +13,7 @@ import torch
 
 from llm_anatomy import CourseError, load_model
 from llm_anatomy.models import (
-    DEFAULT_MODEL, GGUF_NAME, GGUF_SHA256, MANIFEST, cache_dir, cache_problems,
+    DEFAULT_MODEL, GGUF_NAME, GGUF_SHA256, cache_dir, cache_problems,
     default_model_dir, fetch_default_model, verify_files, sha256_of,
 )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from llm_anatomy.bpe import BPETokenizer
 from llm_anatomy.errors import CourseError
 from llm_anatomy.widgets.playground import MAX_CHARS, TokenizerPlayground, sample_paragraph
 

@@ -20,7 +20,7 @@ from .base import ErrorLine, guarded
 
 def report_html(r: KVReport) -> str:
     """The result as a small HTML table."""
-    verdict = (f'<b style="color:#1b7f3b">fits</b>' if r.fits else f'<b style="color:#b00020">does not fit</b>')
+    verdict = ('<b style="color:#1b7f3b">fits</b>' if r.fits else '<b style="color:#b00020">does not fit</b>')
     rows = [
         ("KV bytes per token", f"{r.bytes_per_token:,} B"),
         (f"per user ({r.length:,} tokens)", f"{r.per_user_bytes / GB:,.3f} GB"),
