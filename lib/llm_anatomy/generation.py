@@ -25,7 +25,7 @@ import torch
 from .chat import chat_prompt_ids
 from .device import synchronize
 from .errors import CourseError
-from .sampling import SamplingSettings, next_token_probs, sample_with, seeded_generator
+from .sampling import SamplingSettings, sample_with, seeded_generator
 
 _KEEP = object()  # "leave this setting as it is" in resample()
 
@@ -157,10 +157,13 @@ class GenerationSession:
             ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])[0].tolist()
         else:
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        self._check_prompt_length(ids)
+        return ids
+
+    def _check_prompt_length(self, ids: list[int]) -> None:
         if len(ids) >= self.context_length:
             raise CourseError(f"The prompt is {len(ids)} tokens, and the model reads at most {self.context_length}: "
                               "shorten it to leave room for an answer.")
-        return ids
 
     def prefill(self, prompt: str | list[int], chat: bool = True) -> StepResult:
         """Run the whole prompt through the model once, fill the KV cache, and choose the first new token.
@@ -172,9 +175,7 @@ class GenerationSession:
             ids = [int(i) for i in prompt]
             if not ids:
                 raise CourseError("The prompt is empty: give at least one token id.")
-            if len(ids) >= self.context_length:
-                raise CourseError(f"The prompt is {len(ids)} tokens, and the model reads at most "
-                                  f"{self.context_length}: shorten it to leave room for an answer.")
+            self._check_prompt_length(ids)
         else:
             ids = self.prompt_token_ids(prompt, chat)
         limit = min(self.max_new_tokens, self.context_length - len(ids))
@@ -208,9 +209,7 @@ class GenerationSession:
 
         Settings not given stay as they are; the new ones stay for the following steps.
         """
-        changes = {name: value for name, value in
-                   (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if value is not _KEEP}
-        settings = dataclasses.replace(self.settings, **changes)  # validates: CourseError before any change
+        settings = self._updated_settings(temperature, top_k, top_p)  # validates: CourseError before any change
         if not self.prefilled:
             self.settings = settings
             return None
@@ -226,9 +225,13 @@ class GenerationSession:
 
     def set_settings(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP) -> None:
         """Change the settings for the next steps without touching the current token."""
+        self.settings = self._updated_settings(temperature, top_k, top_p)
+
+    def _updated_settings(self, temperature, top_k, top_p) -> SamplingSettings:
+        """The current settings with the given ones changed (_KEEP leaves one as it is); validated."""
         changes = {name: value for name, value in
                    (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if value is not _KEEP}
-        self.settings = dataclasses.replace(self.settings, **changes)
+        return dataclasses.replace(self.settings, **changes)
 
     def set_seed(self, seed: int) -> None:
         """Use `seed` from the next prefill on (the current run keeps its draws)."""
@@ -284,8 +287,8 @@ class GenerationSession:
     def _choose(self, logits, *, index, fed, cache, limit, start, attention, settings=None,
                 generator=None) -> StepResult:
         settings = settings or self.settings
-        token = int(sample_with(logits, settings, generator or self.generator))
-        probs = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p)
+        token, probs = sample_with(logits, settings, generator or self.generator)
+        token = int(token)
         raw = torch.softmax(logits, dim=-1)
         # rank by the unfiltered probability: the filters keep that order, and the learner sees what they cut
         top = torch.topk(raw, min(self.top_n, raw.numel())).indices.tolist()

@@ -21,6 +21,7 @@ class KVCache:
     values: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
     length: int = 0  # positions filled so far
     pad_mask: torch.Tensor | None = field(default=None)  # [batch, max_len] bool, False = padding
+    padded: bool = False  # whether pad_mask holds any padding: decode steps then skip reading it
 
     @classmethod
     def allocate(cls, num_layers: int, batch_size: int, kv_heads: int, max_len: int, head_dim: int,
@@ -64,6 +65,7 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
         self.length = 0
+        self.padded = False
         if self.pad_mask is not None:
             self.pad_mask.fill_(True)
 

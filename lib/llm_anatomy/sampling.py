@@ -135,16 +135,22 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     if temperature == 0:
         check_settings(temperature, top_k, top_p)
         return greedy(logits)
-    probs = next_token_probs(logits, temperature, top_k, top_p)
+    return draw(next_token_probs(logits, temperature, top_k, top_p), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id drawn from each distribution: a 0-d tensor for `[vocab]`, `[batch]` for `[batch, vocab]`."""
     rows = probs if probs.dim() == 2 else probs.unsqueeze(0)
     ids = torch.multinomial(rows, 1, generator=generator).squeeze(-1)
     return ids if probs.dim() == 2 else ids[0]
 
 
 def sample_with(logits: torch.Tensor, settings: SamplingSettings,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """sample_next with a SamplingSettings."""
-    return sample_next(logits, settings.temperature, settings.top_k, settings.top_p, generator)
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_next with a SamplingSettings: the drawn id(s) and the distribution they came from (computed once)."""
+    probs = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p)
+    ids = greedy(logits) if settings.temperature == 0 else draw(probs, generator)
+    return ids, probs
 
 
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -210,20 +210,20 @@ class ScratchLlama(nn.Module):
             raise CourseError(f"{past + s} positions exceed the model's context of {self.cfg.max_position_embeddings}.")
         if cache is not None and cache.batch_size != b:
             raise CourseError(f"The cache was made for batch size {cache.batch_size}, not {b}.")
-        key_mask, positions = None, torch.arange(past, past + s, device=input_ids.device)
         if attention_mask is not None:
             if attention_mask.shape != (b, past + s):
                 raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
                                   f"not {tuple(attention_mask.shape)}.")
-            mask = attention_mask.bool()
-            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # left padding shifts positions
-            key_mask = mask
+            key_mask = attention_mask.bool()
             if cache is not None:
-                cache.pad_mask[:, :past + s] = mask
-        elif cache is not None and not bool(cache.pad_mask[:, :past].all()):
+                cache.pad_mask[:, :past + s] = key_mask
+                cache.padded = cache.padded or not bool(key_mask.all())
+        elif cache is not None and cache.padded:  # earlier calls wrote padding: new tokens are real ones
             key_mask = cache.pad_mask[:, :past + s].clone()
             key_mask[:, past:] = True
-            positions = (key_mask.long().cumsum(-1) - 1)[:, past:]
+        else:
+            key_mask = None
+        positions = self._positions(key_mask, past, s, input_ids.device)
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=self.dtype)
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         out = ScratchOutput(logits=x)
@@ -242,6 +242,13 @@ class ScratchLlama(nn.Module):
             x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
         out.logits = self.lm_head(self.norm(x))
         return out
+
+    @staticmethod
+    def _positions(key_mask: torch.Tensor | None, past: int, s: int, device) -> torch.Tensor:
+        """RoPE positions of the `s` new tokens: `[s]`, or `[batch, s]` when left padding shifts them."""
+        if key_mask is None:
+            return torch.arange(past, past + s, device=device)
+        return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -274,12 +281,10 @@ class ScratchLlama(nn.Module):
         b, s = input_ids.shape
         if s > cfg.max_position_embeddings:
             raise CourseError(f"{s} positions exceed the model's context of {cfg.max_position_embeddings}.")
-        key_mask, positions = None, torch.arange(s, device=input_ids.device)
-        if attention_mask is not None:
-            if attention_mask.shape != (b, s):
-                raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
-            key_mask = attention_mask.bool()
-            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+        if attention_mask is not None and attention_mask.shape != (b, s):
+            raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
+        key_mask = None if attention_mask is None else attention_mask.bool()
+        positions = self._positions(key_mask, 0, s, input_ids.device)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=self.dtype)
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         for block in self.layers[:layer]:

@@ -24,6 +24,7 @@ import sys
 
 import torch
 
+from .kv_cache import generate_greedy
 from .scratch import ScratchLlama
 
 
@@ -112,17 +113,9 @@ def padded_differences(hf_model, scratch: ScratchLlama, ids: torch.Tensor, mask:
 @torch.no_grad()
 def greedy_tokens(scratch: ScratchLlama, prompt_ids: torch.Tensor, max_new_tokens: int,
                   eos_token_id: int | None = None) -> list[int]:
-    """Greedy decoding with our KV cache: prefill once, then feed only the newest token."""
-    cache = scratch.new_cache(1, prompt_ids.shape[1] + max_new_tokens)
-    logits = scratch(prompt_ids, cache=cache)
-    out = []
-    for _ in range(max_new_tokens):
-        token = int(logits[0, -1].argmax())
-        out.append(token)
-        if token == eos_token_id:
-            break
-        logits = scratch(torch.tensor([[token]], device=prompt_ids.device), cache=cache)
-    return out
+    """Greedy decoding with our KV cache (prefill once, then feed only the newest token), cut after the EOS."""
+    out = generate_greedy(scratch, prompt_ids, max_new_tokens).tokens[0].tolist()
+    return out[:out.index(eos_token_id) + 1] if eos_token_id in out else out
 
 
 @torch.no_grad()

@@ -279,10 +279,7 @@ class Stepper(W.VBox):
         """Draw the current token again from the logits already computed (no model call)."""
         settings = self._settings()
         with self._lock:
-            if self.session.prefilled:
-                self.session.resample(settings.temperature, settings.top_k, settings.top_p)
-            else:
-                self.session.settings = settings
+            self.session.resample(settings.temperature, settings.top_k, settings.top_p)  # before prefill: just stores them
         if self.session.prefilled:
             self._render()
 
