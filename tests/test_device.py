@@ -22,9 +22,15 @@ def test_auto_prefers_cuda_then_mps(monkeypatch):
 def test_dtype_follows_the_device(monkeypatch):
     assert default_dtype(torch.device("cpu")) == torch.float32
     assert default_dtype(torch.device("mps")) == torch.float16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert default_dtype(torch.device("cuda")) == torch.bfloat16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert default_dtype(torch.device("cuda")) == torch.float16
+
+
+def test_emulated_bf16_is_not_native(monkeypatch):
+    """A T4 says bf16 is supported only through emulation: the course then picks fp16."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert default_dtype(torch.device("cuda")) == torch.float16
 
 

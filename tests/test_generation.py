@@ -187,7 +187,7 @@ def test_constructor_refuses_bad_values(real, scratch):
 def test_the_stepper_benchmark_prints_its_figures(real, capsys):
     import json
 
-    from llm_anatomy.generation_bench import main
+    from llm_anatomy.cli.bench.stepper import main
 
     assert main(["--steps", "2", "--json", "--device", "cpu", "--prompt", "Name three colours."]) == 0
     figures = json.loads(capsys.readouterr().out)

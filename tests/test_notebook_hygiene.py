@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from llm_anatomy.colab import badge_markdown, setup_cell_source
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from colab import badge_markdown, setup_cell_source  # noqa: E402  (repository upkeep, not part of the package)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPO = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
 # An absolute path from someone's machine: /home/..., /Users/..., /root/..., /tmp/..., C:\...

@@ -9,7 +9,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from llm_anatomy import CourseError
-from llm_anatomy.rope import (apply_rope, rope_angles, rope_cos_sin, rope_cos_sin_for, rope_frequencies,
+from llm_anatomy.rope import (apply_rope, rope_angles, rope_cos_sin, rope_frequencies,
                               rotate_2d, rotate_half)
 
 from tiny_models import tiny_llama
@@ -66,7 +66,9 @@ def test_apply_rope_equals_apply_rotary_pos_emb():
 def test_the_real_models_rope(real):
     positions = torch.arange(512)[None]
     cos_ref, sin_ref = real.model.model.rotary_emb(torch.zeros(1, 512, 64), positions)
-    cos, sin = rope_cos_sin_for(real.config, positions)
+    from llm_anatomy.scratch import as_scratch
+
+    cos, sin = as_scratch(real).rope(positions)  # the model's own path: frequencies made once, kept on its device
     assert cos.shape == (1, 512, 64)
     assert (cos - cos_ref).abs().max() <= 1e-6 and (sin - sin_ref).abs().max() <= 1e-6
     torch.manual_seed(1)

@@ -8,7 +8,7 @@ import torch
 from llm_anatomy import CourseError
 from llm_anatomy.chat import chat_prompt_ids
 from llm_anatomy.scratch import ScratchConfig, ScratchLlama
-from llm_anatomy.scratch_check import (PROMPTS, cached_differences, eager_difference, full_difference,
+from llm_anatomy.cli.check import (PROMPTS, cached_differences, eager_difference, full_difference,
                                        greedy_matches, greedy_tokens, left_padded, natural_text_ids,
                                        padded_differences)
 

@@ -98,8 +98,8 @@ def test_every_solution_module_has_its_checks():
     for module in sorted((WORKSHOP / "solutions").glob("ch[0-9][0-9].py")):
         assert (ROOT / "lib" / "llm_anatomy" / "exercises" / module.name).exists(), \
             f"{module.name} has no checks in lib/llm_anatomy/exercises/"
-        assert (ROOT / "tests" / f"test_exercises_{module.stem}.py").exists(), \
-            f"{module.name} is not tested: add tests/test_exercises_{module.stem}.py"
+        assert (ROOT / "tests" / "exercises" / f"test_exercises_{module.stem}.py").exists(), \
+            f"{module.name} is not tested: add tests/exercises/test_exercises_{module.stem}.py"
     # The guide's way to show a solution from a notebook: %load ../workshop/solutions/chNN.py
     assert (ROOT / "notebooks" / ".." / "workshop" / "solutions").is_dir()
 

@@ -22,7 +22,7 @@ echo "== bench, 1B-shaped random-weight Llama (bf16)"
 timeout 240 $PY -m llm_anatomy bench --json --model-size 1b > "$OUT/bench_1b.json"
 $PY - "$OUT" <<'PYEOF'
 import json, sys
-from llm_anatomy.bench import format_table
+from llm_anatomy.cli.bench.decode import format_table
 for name in ("bench_default", "bench_1b"):
     with open(f"{sys.argv[1]}/{name}.json") as f:
         r = json.load(f)

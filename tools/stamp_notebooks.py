@@ -17,8 +17,8 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "lib"))
-from llm_anatomy.colab import SETUP_MARKER, badge_markdown, setup_cell_source  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
+from colab import SETUP_MARKER, badge_markdown, setup_cell_source  # noqa: E402
 
 
 def repository_url() -> str:

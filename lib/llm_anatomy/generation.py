@@ -17,15 +17,16 @@ A refused call (CourseError) leaves the session exactly as it was.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .chat import chat_prompt_ids
-from .device import synchronize
+from .chat import chat_prompt_ids, end_of_turn_ids
+from .decode import decode_step, prefill
+from .device import timed
 from .errors import CourseError
 from .sampling import SamplingSettings, sample_with, seeded_generator
+from .scratch import ScratchLlama
 
 _KEEP = object()  # "leave this setting as it is" in resample()
 
@@ -84,13 +85,14 @@ class GenerationSession:
     """Prefill once, then decode step by step on a ScratchLlama with a preallocated KV cache.
 
     model: a ScratchLlama (llm_anatomy.scratch); tokenizer: its transformers tokenizer.
+    The session calls the course's one decoding loop, `decode.prefill` and `decode.decode_step`.
     max_new_tokens: stop after this many new tokens (also capped by the model's context).
     settings: how tokens are chosen (temperature 0 = greedy); seed: for the sampling generator.
     attention: (layer, head) to record the newest token's attention row at every call, or None.
     top_n: how many candidates each StepResult lists.
     """
 
-    model: torch.nn.Module = field(repr=False)
+    model: ScratchLlama = field(repr=False)
     tokenizer: object = field(repr=False)
     max_new_tokens: int = 64
     settings: SamplingSettings = field(default_factory=SamplingSettings)
@@ -100,13 +102,11 @@ class GenerationSession:
     stop_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise CourseError(f"max_new_tokens must be a whole number >= 1, not {self.max_new_tokens!r}.")
-        if not isinstance(self.settings, SamplingSettings):
-            raise CourseError("settings must be a SamplingSettings(temperature=..., top_k=..., top_p=...).")
-        self._check_attention(self.attention)
+        if not isinstance(self.model, ScratchLlama):
+            raise CourseError("GenerationSession runs the from-scratch model: pass ScratchLlama.from_hf(load_model()).")
+        self._new_options(None, None, None, _KEEP)  # validates the options given
         self.generator = seeded_generator(self.seed)
-        self.stop_ids = tuple(self.stop_ids) or _stop_ids(self.tokenizer)
+        self.stop_ids = tuple(self.stop_ids) or end_of_turn_ids(self.tokenizer)
         self.cache = None
         self.prompt_ids: list[int] = []
         self.generated: list[int] = []
@@ -153,10 +153,8 @@ class GenerationSession:
         """The ids the model reads for `prompt`: the chat template around one user turn, or the plain text."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise CourseError("The prompt is empty: type some text first.")
-        if chat:
-            ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])[0].tolist()
-        else:
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": prompt}])[0].tolist() if chat else \
+            self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         self._check_prompt_length(ids)
         return ids
 
@@ -165,12 +163,16 @@ class GenerationSession:
             raise CourseError(f"The prompt is {len(ids)} tokens, and the model reads at most {self.context_length}: "
                               "shorten it to leave room for an answer.")
 
-    def prefill(self, prompt: str | list[int], chat: bool = True) -> StepResult:
+    def prefill(self, prompt: str | list[int], chat: bool = True, *, max_new_tokens: int | None = None,
+                settings: SamplingSettings | None = None, seed: int | None = None, attention=_KEEP) -> StepResult:
         """Run the whole prompt through the model once, fill the KV cache, and choose the first new token.
 
         `prompt` is text (wrapped in the chat template when chat=True) or a list of token ids.
+        max_new_tokens, settings, seed, attention: new options for this run; like the prompt, they take effect
+        only if the prefill succeeds (a refused call leaves the session exactly as it was).
         Starts over if the session already ran. Returns the first token's StepResult (ms = prefill time).
         """
+        options = self._new_options(max_new_tokens, settings, seed, attention)  # validated before anything runs
         if isinstance(prompt, (list, tuple)):
             ids = [int(i) for i in prompt]
             if not ids:
@@ -178,29 +180,39 @@ class GenerationSession:
             self._check_prompt_length(ids)
         else:
             ids = self.prompt_token_ids(prompt, chat)
-        limit = min(self.max_new_tokens, self.context_length - len(ids))
+        limit = min(options["max_new_tokens"], self.context_length - len(ids))
         cache = self.model.new_cache(1, len(ids) + limit)
-        generator = seeded_generator(self.seed)  # a fresh start: the same seed gives the same tokens
-        start = time.perf_counter()
-        logits, attention = self._run(ids, cache)
-        first = self._choose(logits, index=0, fed=len(ids), cache=cache, limit=limit, start=start,
-                             attention=attention, generator=generator)
+        generator = seeded_generator(options["seed"])  # a fresh start: the same seed gives the same tokens
+        logits, first = self._call(ids, cache, index=0, limit=limit, generator=generator,
+                                   settings=options["settings"], attention=options["attention"])
         # all went well: commit the new state
+        for name, value in options.items():
+            setattr(self, name, value)
         self.reset()
         self.cache, self.prompt_ids, self._limit, self.generator = cache, ids, limit, generator
         self._commit(first, logits)
         self.prefill_ms = first.ms
         return first
 
+    def _new_options(self, max_new_tokens, settings, seed, attention) -> dict:
+        """The session's options with the given ones changed, each validated (CourseError before any change)."""
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise CourseError(f"max_new_tokens must be a whole number >= 1, not {max_new!r}.")
+        settings = self.settings if settings is None else settings
+        if not isinstance(settings, SamplingSettings):
+            raise CourseError("settings must be a SamplingSettings(temperature=..., top_k=..., top_p=...).")
+        seed = self.seed if seed is None else seed
+        seeded_generator(seed)  # validates
+        attention = self.attention if attention is _KEEP else attention
+        self.check_attention(attention)
+        return {"max_new_tokens": max_new, "settings": settings, "seed": seed, "attention": attention}
+
     # ---- decoding --------------------------------------------------------------------------------
     def step(self) -> StepResult:
         """Feed the newest token (one position), append its K and V to the cache, choose the next token."""
-        self._check_can_step()
-        newest = self.generated[-1]
-        start = time.perf_counter()
-        logits, attention = self._run([newest], self.cache)
-        result = self._choose(logits, index=len(self.generated), fed=1, cache=self.cache, limit=self._limit,
-                              start=start, attention=attention)
+        self.check_can_step()
+        logits, result = self._call([self.generated[-1]], self.cache, index=len(self.generated), limit=self._limit)
         self._commit(result, logits)
         return result
 
@@ -214,10 +226,9 @@ class GenerationSession:
             self.settings = settings
             return None
         previous = self.steps[-1]
-        start = time.perf_counter()
-        result = self._choose(self._logits, index=previous.index, fed=0, cache=self.cache, limit=self._limit,
-                              start=start, attention=previous.attention, settings=settings)
-        result = dataclasses.replace(result, ms=previous.ms, fed_tokens=previous.fed_tokens, resampled=True)
+        result = self._choose(self._logits, index=previous.index, fed=previous.fed_tokens, cache=self.cache,
+                              limit=self._limit, attention=previous.attention, settings=settings)
+        result = dataclasses.replace(result, ms=previous.ms, resampled=True)
         self.settings = settings
         self.generated[-1] = result.token_id
         self.steps[-1] = result
@@ -240,7 +251,7 @@ class GenerationSession:
 
     def set_attention(self, attention: tuple[int, int] | None) -> None:
         """Record the attention row of (layer, head) from the next model call on, or None to stop."""
-        self._check_attention(attention)
+        self.check_attention(attention)
         self.attention = attention
 
     def generate(self, prompt: str | list[int], chat: bool = True) -> list[StepResult]:
@@ -250,8 +261,9 @@ class GenerationSession:
             results.append(self.step())
         return results
 
-    # ---- helpers ----------------------------------------------------------------------------------
-    def _check_can_step(self) -> None:
+    # ---- checks (public: a view asks them before it acts) -----------------------------------------
+    def check_can_step(self) -> None:
+        """Raise CourseError when there is nothing to step: no prefill yet, or generation has finished."""
         if not self.prefilled:
             raise CourseError("Nothing to continue yet: prefill a prompt first.")
         if self.finished:
@@ -259,7 +271,8 @@ class GenerationSession:
             why = "the model ended its turn" if reason == "eos" else f"the limit of {self._limit} new tokens is reached"
             raise CourseError(f"Generation has finished ({why}): reset or prefill a new prompt.")
 
-    def _check_attention(self, attention) -> None:
+    def check_attention(self, attention) -> None:
+        """Raise CourseError unless `attention` is None or a valid (layer, head) of this model."""
         if attention is None:
             return
         cfg = self.model.cfg
@@ -269,23 +282,30 @@ class GenerationSession:
             raise CourseError(f"attention must be (layer, head) with layer in 0..{cfg.num_layers - 1} "
                               f"and head in 0..{cfg.num_heads - 1}, not {attention!r}.")
 
-    def _run(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One model call: logits `[vocab]` (CPU float32) of the last position, and the attention row if asked."""
-        x = torch.tensor([ids], device=self.model.device)  # [1, seq]
-        layers = (self.attention[0],) if self.attention else ()
-        length_before = cache.length
-        try:
-            out = self.model.trace(x, cache, keep_hidden=False, attention_layers=layers, logits_to_keep=1)
-        except Exception:
-            cache.length = length_before  # a failed call must not leave half-written positions counted
-            raise
-        row = None
-        if self.attention:
-            row = out.attentions[self.attention[0]][0, self.attention[1], -1].float().cpu()  # [positions]
-        return out.logits[0, -1].float().cpu(), row
+    # ---- helpers ----------------------------------------------------------------------------------
+    def _call(self, ids: list[int], cache, *, index: int, limit: int, generator=None, settings=None,
+              attention=_KEEP) -> tuple[torch.Tensor, StepResult]:
+        """One model call (prefill for the prompt, decode_step for one token) and the choice of the next token.
 
-    def _choose(self, logits, *, index, fed, cache, limit, start, attention, settings=None,
-                generator=None) -> StepResult:
+        Returns the logits `[vocab]` (CPU float32) of the last position and the StepResult, whose ms is the wall
+        time of the call and the choice together.
+        """
+        attention = self.attention if attention is _KEEP else attention
+        layers = (attention[0],) if attention else ()
+
+        def work():
+            x = torch.tensor([ids], device=self.model.device)  # [1, seq]
+            run = prefill if index == 0 else decode_step
+            out = run(self.model, x, cache, attention_layers=layers)
+            row = out.attentions[attention[0]][0, attention[1], -1].float().cpu() if attention else None  # [positions]
+            logits = out.logits[0, -1].float().cpu()
+            return logits, self._choose(logits, index=index, fed=len(ids), cache=cache, limit=limit, attention=row,
+                                        settings=settings, generator=generator)
+
+        seconds, (logits, result) = timed(work, self.model.device)
+        return logits, dataclasses.replace(result, ms=seconds * 1e3)
+
+    def _choose(self, logits, *, index, fed, cache, limit, attention, settings=None, generator=None) -> StepResult:
         settings = settings or self.settings
         token, probs = sample_with(logits, settings, generator or self.generator)
         token = int(token)
@@ -296,8 +316,6 @@ class GenerationSession:
             top.append(token)
         texts = self.token_texts(top)
         candidates = [Candidate(i, t, float(probs[i]), float(raw[i])) for i, t in zip(top, texts)]
-        synchronize(self.model.device)
-        ms = (time.perf_counter() - start) * 1e3
         if token in self.stop_ids:
             finished, reason = True, "eos"
         elif index + 1 >= limit:
@@ -307,27 +325,13 @@ class GenerationSession:
         return StepResult(index=index, token_id=token, text=self.tokenizer.decode([token]), prob=float(probs[token]),
                           candidates=candidates, fed_tokens=fed, cache_tokens=cache.length,
                           cache_bytes=cache.used_bytes(), cache_capacity_tokens=cache.max_len,
-                          cache_capacity_bytes=cache.allocated_bytes(), ms=ms, settings=settings,
+                          cache_capacity_bytes=cache.allocated_bytes(), ms=0.0, settings=settings,
                           finished=finished, stop_reason=reason, attention=attention)
 
     def _commit(self, result: StepResult, logits: torch.Tensor) -> None:
         self.generated.append(result.token_id)
         self.steps.append(result)
         self._logits = logits
-
-
-def _stop_ids(tokenizer) -> tuple[int, ...]:
-    """The end-of-sequence id and `<|im_end|>` (the end of a chat turn), where the tokenizer has them."""
-    ids = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    try:
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    except Exception:  # a tokenizer without it
-        im_end = None
-    if isinstance(im_end, int) and im_end != getattr(tokenizer, "unk_token_id", None):
-        ids.add(im_end)
-    return tuple(sorted(ids))
 
 
 def generate(model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64, chat: bool = True,

@@ -7,7 +7,6 @@ and a length: how many positions are filled. Each forward pass writes its new po
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +57,25 @@ class KVCache:
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The key mask for a call that adds `new` positions: `[batch, length + new]` bool, or None when
+        nothing is padding.
+
+        attention_mask: `[batch, length + new]` of 1 (token) and 0 (padding) for this call, or None when the
+        new tokens are real ones. The cache remembers which positions are padding, so later calls need no mask.
+        """
+        end = self.length + new
+        if attention_mask is not None:
+            mask = attention_mask.bool()
+            self.pad_mask[:, :end] = mask
+            self.padded = self.padded or not bool(mask.all())
+            return mask
+        if not self.padded:  # no padding anywhere: attention needs no key mask at all
+            return None
+        mask = self.pad_mask[:, :end].clone()
+        mask[:, self.length:] = True
+        return mask
+
     def advance(self, new: int) -> None:
         """Mark `new` more positions as filled (after every layer has written them)."""
         self.length += new
@@ -77,6 +95,22 @@ class KVCache:
     def allocated_bytes(self) -> int:
         """Bytes reserved for keys and values, filled or not."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, seq_len: int = 1,
+             batch_size: int = 1) -> int:
+    """Bytes of a KV cache: 2 (K and V) x layers x kv_heads x head_dim x bytes per number x seq_len x batch.
+
+    SmolLM2-135M in bf16: 2 x 30 x 3 x 64 x 2 = 23,040 bytes per token.
+    """
+    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                        ("bytes_per_element", bytes_per_element), ("seq_len", seq_len), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CourseError(f"{name} must be a whole number >= 0, not {value!r}.")
+    return 2 * layers * kv_heads * head_dim * bytes_per_element * seq_len * batch_size
+
+
+# --------------------------------------------------------------------------- reading a transformers config
 
 
 def kv_layout(config) -> tuple[int, int, int]:
@@ -103,82 +137,15 @@ def kv_layout(config) -> tuple[int, int, int]:
 
 
 def kv_cache_bytes(config, seq_len: int, batch_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of a KV cache: 2 (K and V) x layers x kv_heads x head_dim x seq_len x batch x bytes per number.
+    """`kv_bytes` for a transformers decoder config (or an object with the same attribute names).
 
-    `config` is any transformers decoder config (or an object with the same attribute names).
     MHA, GQA and MQA are covered (see kv_layout); head_dim defaults to hidden_size // heads.
     """
     if isinstance(seq_len, bool) or isinstance(batch_size, bool) or seq_len < 0 or batch_size < 0:
         raise CourseError("seq_len and batch_size must be zero or more.")
     layers, kv_heads, head_dim = kv_layout(config)
     bytes_per = torch.tensor([], dtype=dtype).element_size()
-    return 2 * layers * kv_heads * head_dim * int(seq_len) * int(batch_size) * bytes_per
-
-
-# --------------------------------------------------------------------------- generating with and without it
-
-
-@dataclass
-class Generation:
-    """What a greedy generation gives back.
-
-    tokens: `[batch, new_tokens]` the generated ids; step_seconds: wall-clock seconds of each forward pass
-    (the first is the prefill, so step_seconds[0] is the time to first token); empty unless timed.
-    """
-
-    tokens: torch.Tensor
-    step_seconds: list[float] = field(default_factory=list)
-
-    @property
-    def ttft_s(self) -> float:
-        """Time to first token, seconds (the prefill)."""
-        return self.step_seconds[0]
-
-    @property
-    def tpot_s(self) -> float:
-        """Time per output token after the first, seconds (median of the decode steps)."""
-        rest = sorted(self.step_seconds[1:])
-        if not rest:
-            raise CourseError("Time per output token needs at least 2 new tokens.")
-        return rest[len(rest) // 2]
-
-
-@torch.inference_mode()
-def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cache: bool = True,
-                    cache: KVCache | None = None, timed: bool = False) -> Generation:
-    """Greedy decoding with a from-scratch model (`model(ids, cache) -> logits [batch, seq, vocab]`).
-
-    use_cache=True: prefill the prompt once, then feed only the newest token each step, appending its K and V.
-    use_cache=False: run the whole sequence again at every step (what a model without a cache must do).
-    timed=True: synchronize the device around each step and record its wall-clock seconds.
-    """
-    if new_tokens < 1:
-        raise CourseError(f"new_tokens must be at least 1, not {new_tokens}.")
-    from .device import synchronize
-
-    device = prompt_ids.device
-    batch, prompt_len = prompt_ids.shape
-    if use_cache and cache is None:
-        cache = model.new_cache(batch, prompt_len + new_tokens)
-    out = torch.empty(batch, new_tokens, dtype=prompt_ids.dtype, device=device)  # [batch, new] preallocated
-    seq = prompt_ids
-    times: list[float] = []
-    step_input = prompt_ids
-    for i in range(new_tokens):
-        if timed:
-            synchronize(device)
-            start = time.perf_counter()
-        logits = model(step_input, cache, logits_to_keep=1) if use_cache else model(seq, logits_to_keep=1)
-        next_id = logits[:, -1].argmax(-1)  # [batch]
-        out[:, i] = next_id
-        if timed:
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-        if use_cache:
-            step_input = out[:, i:i + 1]
-        elif i + 1 < new_tokens:
-            seq = torch.cat([seq, out[:, i:i + 1]], dim=1)
-    return Generation(out, times)
+    return kv_bytes(layers, kv_heads, head_dim, bytes_per, int(seq_len), int(batch_size))
 
 
 def _first(config, *names, default=KeyError):

@@ -22,22 +22,24 @@ def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float,
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                dtype: torch.dtype = torch.float32, inv_freq: torch.Tensor | None = None) -> torch.Tensor:
     """The angle, in radians, by which each pair is turned at each position: `[..., seq, head_dim // 2]`.
 
     Computed in float32 like transformers (so both agree exactly), or in float64 when asked.
+    inv_freq: the frequencies already made (and moved to the positions' device), to skip remaking them.
     """
-    inv_freq = rope_frequencies(head_dim, theta)  # also refuses an odd head_dim
+    if inv_freq is None:
+        inv_freq = rope_frequencies(head_dim, theta)  # also refuses an odd head_dim
     if dtype == torch.float64:
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     return positions.to(inv_freq.dtype)[..., None] * inv_freq.to(positions.device)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32,
+                 inv_freq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of every angle: `[..., seq, head_dim]` for positions `[..., seq]`."""
     precision = torch.float64 if dtype == torch.float64 else torch.float32
-    angles = rope_angles(positions, head_dim, theta, precision)  # [..., seq, head_dim/2]
+    angles = rope_angles(positions, head_dim, theta, precision, inv_freq)  # [..., seq, head_dim/2]
     angles = torch.cat([angles, angles], dim=-1)  # the same angle for j and j + d/2
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -67,11 +69,3 @@ def rotate_2d(pair: torch.Tensor, angle: float | torch.Tensor) -> torch.Tensor:
     c, s = torch.cos(angle), torch.sin(angle)
     x, y = pair[..., 0], pair[..., 1]
     return torch.stack([x * c - y * s, x * s + y * c], dim=-1)
-
-
-def rope_cos_sin_for(config, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
-    """cos and sin for a transformers config (reads head_dim and rope theta from it)."""
-    from .scratch import ScratchConfig
-
-    cfg = ScratchConfig.from_hf(config)
-    return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=dtype)

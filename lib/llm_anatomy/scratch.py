@@ -18,7 +18,8 @@ from torch import nn
 from .attention import attention, attention_probabilities
 from .errors import CourseError
 from .kv_cache import KVCache
-from .rope import apply_rope, rope_cos_sin
+from .models.load import transformers_model
+from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
 @dataclass
@@ -143,6 +144,7 @@ class ScratchLlama(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self._inv_freq = None  # RoPE frequencies on the model's device, made on first use
 
     @classmethod
     def from_hf(cls, hf_model) -> "ScratchLlama":
@@ -150,8 +152,7 @@ class ScratchLlama(nn.Module):
 
         Accepts the transformers model itself or the course's LoadedModel. Every shape is checked.
         """
-        if not isinstance(hf_model, nn.Module):  # a LoadedModel: take the transformers model inside
-            hf_model = getattr(hf_model, "model", hf_model)
+        hf_model = transformers_model(hf_model)
         cfg = ScratchConfig.from_hf(hf_model.config)
         with torch.device("meta"):  # no memory and no random init: the real weights come next
             ours = cls(cfg)
@@ -206,25 +207,17 @@ class ScratchLlama(nn.Module):
         self._check_ids(input_ids)
         b, s = input_ids.shape
         past = cache.length if cache is not None else 0
-        if past + s > self.cfg.max_position_embeddings:
-            raise CourseError(f"{past + s} positions exceed the model's context of {self.cfg.max_position_embeddings}.")
+        check_context(past + s, self.cfg.max_position_embeddings)
         if cache is not None and cache.batch_size != b:
             raise CourseError(f"The cache was made for batch size {cache.batch_size}, not {b}.")
-        if attention_mask is not None:
-            if attention_mask.shape != (b, past + s):
-                raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
-                                  f"not {tuple(attention_mask.shape)}.")
-            key_mask = attention_mask.bool()
-            if cache is not None:
-                cache.pad_mask[:, :past + s] = key_mask
-                cache.padded = cache.padded or not bool(key_mask.all())
-        elif cache is not None and cache.padded:  # earlier calls wrote padding: new tokens are real ones
-            key_mask = cache.pad_mask[:, :past + s].clone()
-            key_mask[:, past:] = True
+        if attention_mask is not None and attention_mask.shape != (b, past + s):
+            raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
+                              f"not {tuple(attention_mask.shape)}.")
+        if cache is not None:
+            key_mask = cache.key_mask(s, attention_mask)  # the cache keeps track of padding itself
         else:
-            key_mask = None
-        positions = self._positions(key_mask, past, s, input_ids.device)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=self.dtype)
+            key_mask = None if attention_mask is None else attention_mask.bool()
+        cos, sin = self.rope(self._positions(key_mask, past, s, input_ids.device))
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         out = ScratchOutput(logits=x)
         wanted = set(attention_layers)
@@ -242,6 +235,17 @@ class ScratchLlama(nn.Module):
             x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
         out.logits = self.lm_head(self.norm(x))
         return out
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[..., seq, head_dim]` for positions `[..., seq]`, in the model's dtype.
+
+        The frequencies are computed once on the CPU, as transformers does (so both agree bit for bit),
+        and kept on the model's device: a decode step then makes no host-to-device copy.
+        """
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta).to(positions.device)
+        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=self.dtype,
+                            inv_freq=self._inv_freq)
 
     @staticmethod
     def _positions(key_mask: torch.Tensor | None, past: int, s: int, device) -> torch.Tensor:
@@ -279,13 +283,11 @@ class ScratchLlama(nn.Module):
         if head is not None and (not isinstance(head, int) or not 0 <= head < cfg.num_heads):
             raise CourseError(f"head must be a whole number from 0 to {cfg.num_heads - 1}, not {head!r}.")
         b, s = input_ids.shape
-        if s > cfg.max_position_embeddings:
-            raise CourseError(f"{s} positions exceed the model's context of {cfg.max_position_embeddings}.")
+        check_context(s, cfg.max_position_embeddings)
         if attention_mask is not None and attention_mask.shape != (b, s):
             raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
         key_mask = None if attention_mask is None else attention_mask.bool()
-        positions = self._positions(key_mask, 0, s, input_ids.device)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=self.dtype)
+        cos, sin = self.rope(self._positions(key_mask, 0, s, input_ids.device))
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         for block in self.layers[:layer]:
             x, _ = block(x, cos, sin, None, key_mask)
@@ -303,3 +305,15 @@ class ScratchLlama(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         weights = attention_probabilities(q, k, causal=True, key_mask=key_mask)  # [b, q_heads, s, s]
         return weights if head is None else weights[:, 0]
+
+
+def check_context(positions: int, context: int) -> None:
+    """Refuse a call that needs more positions than the model's context (the one place this is checked)."""
+    if positions > context:
+        raise CourseError(f"{positions} positions exceed the model's context of {context} tokens (it reads at most "
+                          f"{context}): shorten the prompt or ask for fewer new tokens.")
+
+
+def as_scratch(model) -> ScratchLlama:
+    """A ScratchLlama for a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared)."""
+    return model if isinstance(model, ScratchLlama) else ScratchLlama.from_hf(model)

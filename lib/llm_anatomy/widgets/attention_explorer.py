@@ -1,6 +1,6 @@
 """The attention explorer: type a prompt, pick a layer and a head, see who attends to whom.
 
-A thin shell over `llm_anatomy.attention_view`: each change computes the chosen layer and head
+A thin shell over `llm_anatomy.views.attention`: each change computes the chosen layer and head
 only, draws a labelled heatmap into an Image, and shows errors in the widget's own error line.
 
 CSS classes: root `la-attention`; parts `la-attention-prompt` (Textarea), `la-attention-show`
@@ -12,30 +12,13 @@ was cut), `la-attention-error` (the error line).
 from __future__ import annotations
 
 import html
-import io
 
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..attention_view import MAX_TOKENS, AttentionView, as_scratch, attention_view, draw_attention
+from ..scratch import as_scratch
+from ..views.attention import MAX_TOKENS, AttentionView, attention_view, heatmap_png
 from .base import ErrorLine, guarded
-
-
-def heatmap_png(view: AttentionView) -> bytes:
-    """The view drawn as a PNG. A bare matplotlib Figure (not pyplot): no global state, nothing to close."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    n = len(view.tokens)
-    size = min(9.0, 3.5 + 0.09 * n)
-    fig = Figure(figsize=(size + 1.0, size))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    draw_attention(view.weights, view.tokens, ax=ax, title=view.title)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    return buffer.getvalue()
 
 
 class AttentionExplorer(W.VBox):

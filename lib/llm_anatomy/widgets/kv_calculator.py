@@ -1,6 +1,6 @@
 """The KV memory calculator: pick a model, a length, a number of users and a GPU; see the cache's size.
 
-A thin shell over `llm_anatomy.kv_calculator.kv_report`. Every change recomputes the result in place;
+A thin shell over `llm_anatomy.measure.kv_memory.kv_report` and its view `llm_anatomy.views.kv_memory`. Every change recomputes the result in place;
 a refused value (zero, negative, too large) is named in the error line and the last good result stays.
 
 CSS classes: root `la-kvcalc`; parts `la-kvcalc-model` (Dropdown), `la-kvcalc-length` (IntText, tokens),
@@ -14,22 +14,9 @@ import html
 
 import ipywidgets as W
 
-from ..kv_calculator import DTYPES, FAMOUS_MODELS, GB, KVReport, kv_report
+from ..measure.kv_memory import DTYPES, FAMOUS_MODELS, KVReport, kv_report
+from ..views.kv_memory import report_html
 from .base import ErrorLine, guarded
-
-
-def report_html(r: KVReport) -> str:
-    """The result as a small HTML table."""
-    verdict = ('<b style="color:#1b7f3b">fits</b>' if r.fits else '<b style="color:#b00020">does not fit</b>')
-    rows = [
-        ("KV bytes per token", f"{r.bytes_per_token:,} B"),
-        (f"per user ({r.length:,} tokens)", f"{r.per_user_bytes / GB:,.3f} GB"),
-        (f"total ({r.users:,} users)", f"{r.total_gb:,.3f} GB ({verdict} in {r.gpu_memory_gb:g} GB)"),
-        ("model weights", f"{r.weight_bytes / GB:,.2f} GB"),
-        ("users that fit beside the weights", f"<b>{r.users_fit:,}</b>"),
-    ]
-    body = "".join(f"<tr><td style='padding-right:1em'>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table><small>{html.escape(r.model)}, {r.dtype}; GB = 10<sup>9</sup> bytes</small>"
 
 
 class KVCalculator(W.VBox):

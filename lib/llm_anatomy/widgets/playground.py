@@ -1,6 +1,6 @@
 """The tokenizer playground: type text, see its tokens, their ids and bytes, ours vs the reference.
 
-A thin shell over `llm_anatomy.tokens_view`. CSS classes, for the browser tests:
+A thin shell over `llm_anatomy.views.tokens`. CSS classes, for the browser tests:
     la-playground            the root box
     la-playground-text       the text area (type here)
     la-playground-summary    "N tokens · C characters · B bytes · bytes per token" (+ a truncation note)
@@ -17,7 +17,7 @@ import html
 
 import ipywidgets as W
 
-from .. import tokens_view as tv
+from ..views import tokens as tv
 from ..bpe import BPETokenizer, utf8_bytes
 from ..errors import CourseError
 from .base import ErrorLine, guarded

@@ -3,7 +3,8 @@
     from llm_anatomy.widgets.stepper import Stepper
     Stepper(loaded)            # `loaded` from load_model(); shows itself in a notebook
 
-A thin shell over `llm_anatomy.generation.GenerationSession`: Prefill runs the prompt once and
+A thin shell over `llm_anatomy.generation.GenerationSession` (public methods only) and its view
+`llm_anatomy.views.stepper`: Prefill runs the prompt once and
 chooses the first token; Step feeds only the newest token and chooses the next; Play steps in a
 background thread until Pause, the end-of-turn token or the length limit. Changing temperature,
 top-k or top-p draws the current token again from the logits already computed (no model call).
@@ -18,102 +19,16 @@ CSS classes (for browser tests): root `la-stepper`; parts `la-stepper-prompt`, `
 
 from __future__ import annotations
 
-import html
 import threading
 
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..generation import GenerationSession, StepResult
+from ..generation import GenerationSession
 from ..sampling import SamplingSettings
+from ..scratch import as_scratch
+from ..views.stepper import attention_html, cache_html, chart_html, text_html, times_html
 from .base import ErrorLine, guarded
-
-_MONO = "font-family:ui-monospace,Menlo,Consolas,monospace"
-
-
-def _show_token(text: str) -> str:
-    """Token text made visible in HTML: spaces as a dot-space, newlines as a return sign."""
-    shown = text.replace(" ", "\u00b7").replace("\n", "\u21b5")
-    return html.escape(shown) or "&#8709;"
-
-
-def text_html(tokenizer, prompt_ids: list[int], generated: list[int]) -> str:
-    """The prompt (grey) and each generated token as a highlighted span; the newest one marked."""
-    prompt = html.escape(tokenizer.decode(prompt_ids))
-    spans = []
-    for i, token in enumerate(generated):
-        newest = i == len(generated) - 1
-        cls = "la-stepper-token la-stepper-token-new" if newest else "la-stepper-token"
-        colour = "#ffd54f" if newest else ("#e3f2fd" if i % 2 == 0 else "#bbdefb")
-        piece = html.escape(tokenizer.decode([token]))
-        spans.append(f'<span class="{cls}" title="id {token}" style="background:{colour};border-radius:3px;'
-                     f'white-space:pre-wrap">{piece}</span>')
-    return (f'<div style="{_MONO};font-size:13px;line-height:1.6;white-space:pre-wrap;max-height:260px;'
-            f'overflow:auto;border:1px solid #ddd;padding:6px">'
-            f'<span style="color:#888">{prompt}</span>{"".join(spans)}</div>')
-
-
-def chart_html(result: StepResult) -> str:
-    """Horizontal bars of the top candidates' probabilities (after the filters), the chosen one marked."""
-    rows = []
-    for c in result.candidates:
-        chosen = c.token_id == result.token_id
-        cls = "la-stepper-bar la-stepper-chosen" if chosen else "la-stepper-bar"
-        colour = "#e65100" if chosen else "#1976d2"
-        mark = "&#9664; chosen" if chosen else ("" if c.prob > 0 else '<span style="color:#999">cut</span>')
-        rows.append(f'<tr class="{cls}"><td style="{_MONO};text-align:right;padding-right:6px">'
-                    f'{_show_token(c.text)}</td><td style="width:220px"><div style="background:{colour};'
-                    f'height:12px;width:{max(c.prob * 100, 0.5):.1f}%"></div></td>'
-                    f'<td style="{_MONO};padding-left:6px">{c.prob:6.1%}</td>'
-                    f'<td style="color:#999;padding-left:6px">{c.raw_prob:6.1%}</td>'
-                    f'<td style="color:#e65100;padding-left:6px">{mark}</td></tr>')
-    return (f'<div><b>Next-token candidates</b> (token {result.index + 1}, {result.settings.describe()})'
-            f'<table style="border-collapse:collapse;font-size:12px"><tr style="color:#666"><th>token</th>'
-            f'<th>probability</th><th>p</th><th>p at T=1</th><th></th></tr>{"".join(rows)}</table></div>')
-
-
-def cache_html(result: StepResult) -> str:
-    """A gauge of the KV cache: positions and bytes filled out of the preallocated room."""
-    share = result.cache_tokens / result.cache_capacity_tokens
-    return (f'<div><b>KV cache</b>: {result.cache_tokens} of {result.cache_capacity_tokens} positions, '
-            f'{result.cache_bytes / 1e6:.2f} MB of {result.cache_capacity_bytes / 1e6:.2f} MB'
-            f'<div style="width:320px;height:14px;border:1px solid #888;background:#f4f4f4">'
-            f'<div class="la-stepper-cache-fill" style="width:{share * 100:.1f}%;height:100%;'
-            f'background:#43a047"></div></div></div>')
-
-
-def times_html(steps: list[StepResult], last: int = 12) -> str:
-    """Prefill time against each decode step's time, as bars on one scale (milliseconds)."""
-    prefill, decode = steps[0], steps[1:]
-    shown = [("prefill", prefill.ms, prefill.fed_tokens)] + [(f"step {s.index}", s.ms, 1) for s in decode[-last:]]
-    scale = max(ms for _, ms, _ in shown) or 1.0
-    rows = "".join(
-        f'<tr><td style="padding-right:6px">{name}</td><td style="width:220px"><div style="background:'
-        f'{"#8e24aa" if name == "prefill" else "#00897b"};height:10px;width:{max(ms / scale * 100, 0.5):.1f}%">'
-        f'</div></td><td style="{_MONO};padding-left:6px">{ms:7.1f} ms</td>'
-        f'<td style="color:#999;padding-left:6px">{fed} token{"s" if fed > 1 else ""} fed</td></tr>'
-        for name, ms, fed in shown)
-    summary = ""
-    if decode:
-        ordered = sorted(s.ms for s in decode)
-        summary = f"median decode step {ordered[len(ordered) // 2]:.1f} ms over {len(decode)} steps"
-    return (f'<div><b>Time per model call</b><table style="font-size:12px">{rows}</table>'
-            f'<div style="color:#555;font-size:12px">{summary}</div></div>')
-
-
-def attention_html(tokenizer, ids: list[int], weights, layer: int, head: int) -> str:
-    """Each earlier token shaded by how much the token fed last attends to it."""
-    if weights is None:
-        return ""
-    top = float(weights.max()) or 1.0
-    spans = []
-    for token, w in zip(ids, weights.tolist()):
-        alpha = w / top
-        spans.append(f'<span title="{w:.3f}" style="background:rgba(229,57,53,{alpha:.2f});{_MONO}">'
-                     f'{_show_token(tokenizer.decode([token]))}</span>')
-    return (f'<div><b>Attention of the token fed last</b> (layer {layer}, head {head}; darker = more weight)'
-            f'<div style="font-size:12px;line-height:1.7;max-height:160px;overflow:auto">{"".join(spans)}</div></div>')
-
 
 class Stepper(W.VBox):
     """Prefill, Step, Play/Pause, Reset; temperature, top-k, top-p; text, candidates, cache, times."""
@@ -122,9 +37,7 @@ class Stepper(W.VBox):
                  max_new_tokens: int = 64, temperature: float = 0.7, top_k: int = 50, top_p: float = 0.9,
                  seed: int = 0):
         if loaded is not None:
-            from ..scratch import ScratchLlama
-
-            model, tokenizer = ScratchLlama.from_hf(loaded.model), loaded.tokenizer
+            model, tokenizer = as_scratch(loaded), loaded.tokenizer
         if model is None or tokenizer is None:
             raise CourseError("Give the loaded model: Stepper(load_model()).")
         self.session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens,
@@ -199,7 +112,7 @@ class Stepper(W.VBox):
     def _attention(self):
         if not self.attention_on.value:
             return None
-        self.session._check_attention((self.layer.value, self.head.value))
+        self.session.check_attention((self.layer.value, self.head.value))
         return (self.layer.value, self.head.value)
 
     @property
@@ -216,11 +129,9 @@ class Stepper(W.VBox):
         self._refuse_while_playing()
         settings, attention = self._settings(), self._attention()
         max_new = self._max_new()
-        with self._lock:
-            trial = GenerationSession(self.session.model, self.session.tokenizer, max_new_tokens=max_new,
-                                      settings=settings, seed=self.seed.value, attention=attention)
-            trial.prefill(self.prompt.value, chat=self.chat.value)
-            self.session = trial  # only a successful prefill replaces the session
+        with self._lock:  # the session commits the new options only if the prefill succeeds
+            self.session.prefill(self.prompt.value, chat=self.chat.value, max_new_tokens=max_new, settings=settings,
+                                 seed=self.seed.value, attention=attention)
         self._render()
 
     @guarded
@@ -239,7 +150,7 @@ class Stepper(W.VBox):
         if self.playing:
             self._stop.set()
             return
-        self.session._check_can_step()  # refuse before starting a thread
+        self.session.check_can_step()  # refuse before starting a thread
         self._stop.clear()
         self.play_button.description, self.play_button.icon = "Pause", "pause"
         self._thread = threading.Thread(target=self._play_loop, name="la-stepper-play", daemon=True)

@@ -1,4 +1,4 @@
-"""The decode benchmark: its JSON structure (one small subprocess run), and the static decode step's exactness."""
+"""The decode benchmark: its JSON structure (one small subprocess run) and its table."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from llm_anatomy.bench import StaticDecoder, format_table, random_llama
-from llm_anatomy.kv_cache import generate_greedy
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.cli.bench.decode import format_table
 
 
 @pytest.fixture(scope="module")
@@ -54,23 +51,3 @@ def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
     for words in ("transformers generate", "with the cache", "speedup", "prefill:", "decode:", "of the measured bandwidth"):
         assert words in text
-
-
-def test_static_decode_step_gives_the_same_tokens_as_the_cached_loop():
-    from tiny_models import tiny_llama
-
-    model = ScratchLlama.from_hf(tiny_llama(seed=5, tie_word_embeddings=False))
-    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(1))
-    expected = generate_greedy(model, ids, 10).tokens
-    decoder = StaticDecoder(model, batch=2, max_len=17)
-    assert torch.equal(decoder.generate(ids, 10), expected)
-    assert torch.equal(decoder.generate(ids, 10), expected)  # a second run starts afresh
-
-
-def test_random_llama_has_the_named_shape():
-    model = random_llama("tiny", torch.device("cpu"), torch.float32)
-    assert model.config.num_key_value_heads == 2 and next(model.parameters()).dtype == torch.float32
-    from llm_anatomy.errors import CourseError
-
-    with pytest.raises(CourseError, match="Unknown model size"):
-        random_llama("7b", torch.device("cpu"), torch.float32)

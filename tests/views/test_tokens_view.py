@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_anatomy import tokens_view as tv
+from llm_anatomy.views import tokens as tv
 from llm_anatomy.bpe import BPETokenizer
 from llm_anatomy.errors import CourseError
 
@@ -16,7 +16,7 @@ def tok():
 
 def test_token_label_shows_whitespace_and_half_characters():
     assert tv.token_label(b" the") == "\u00b7the"
-    assert tv.token_label(b"\n") == "\u21b5\n"
+    assert tv.token_label(b"\n") == "\u21b5"
     assert tv.token_label(b"\t") == "\u2192"
     assert tv.token_label("😀".encode()[:2]) == "<F0 9F>"
     assert tv.token_label("é".encode()) == "é"

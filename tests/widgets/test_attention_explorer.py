@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llm_anatomy import CourseError
-from llm_anatomy.attention_view import attention_view, draw_attention, token_labels
+from llm_anatomy.views.attention import attention_view, draw_attention, token_labels
 from llm_anatomy.scratch import ScratchLlama
 from llm_anatomy.widgets.attention_explorer import AttentionExplorer
 
@@ -31,7 +31,7 @@ def tiny():
 def test_a_view_is_one_head_of_one_layer(tiny):
     model, tok = tiny
     view = attention_view(model, tok, "hello world", layer=1, head=3)
-    assert view.tokens == list("hello␣world") and view.weights.shape == (11, 11)
+    assert view.tokens == list("hello·world") and view.weights.shape == (11, 11)
     assert view.kv_head == 1 and "layer 1, head 3" in view.title and view.note == ""
     ids = torch.tensor([tok.encode("hello world")])
     assert torch.allclose(view.weights, model.trace(ids, attention_layers=(1,)).attentions[1][0, 3], atol=1e-6)
@@ -64,7 +64,7 @@ def test_bad_requests_are_refused_clearly(tiny, prompt, layer, head, message):
 
 
 def test_labels_show_spaces_and_new_lines():
-    assert token_labels(CharTokenizer(), [ord(" "), ord("\n"), ord("a")]) == ["␣", "↵", "a"]
+    assert token_labels(CharTokenizer(), [ord(" "), ord("\n"), ord("a")]) == ["·", "↵", "a"]
 
 
 def test_the_heatmap_is_labelled():
@@ -96,7 +96,7 @@ def test_the_widget_draws_and_follows_its_controls(tiny):
     w.layer_slider.value = 1  # as a browser would
     assert w.view.layer == 1 and "layer 1" in w.caption.value
     w.set_prompt("a longer prompt")
-    assert w.view.weights.shape == (15, 15) and w.view.tokens[1] == "␣"
+    assert w.view.weights.shape == (15, 15) and w.view.tokens[1] == "·"
 
 
 def test_widget_errors_show_inside_and_change_nothing(tiny):
@@ -120,7 +120,7 @@ def test_widget_caps_long_prompts(tiny):
 def test_the_widget_on_the_real_model(real):
     w = AttentionExplorer(real, real.tokenizer, prompt="The cat sat on the mat because it was tired.", layer=3, head=4)
     assert (w.layer_slider.max, w.head_slider.max) == (29, 8)
-    assert w.view.kv_head == 1 and w.view.tokens[:3] == ["The", "␣cat", "␣sat"]
+    assert w.view.kv_head == 1 and w.view.tokens[:3] == ["The", "·cat", "·sat"]
     scratch = ScratchLlama.from_hf(real.model)
     ids = torch.tensor([real.tokenizer.encode("The cat sat on the mat because it was tired.")])
     assert torch.allclose(w.view.weights, scratch.attention_weights(ids, 3)[0, 4], atol=1e-5)

@@ -1,4 +1,5 @@
-"""The first code cell of every notebook, and the Open-in-Colab badge above it.
+"""The first code cell of every notebook, and the Open-in-Colab badge above it (repository upkeep, used by
+tools/stamp_notebooks.py and the hygiene tests; not part of the llm_anatomy package).
 
 The cell must work before the course is installed, so it is plain Python with no import
 from this package; tools/stamp_notebooks.py writes it into each notebook from the template

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import FalconConfig, LlamaConfig
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.kv_calculator import (FAMOUS_MODELS, GB, kv_bytes_per_token, kv_report, model_shape,
+from llm_anatomy.kv_cache import kv_cache_bytes
+from llm_anatomy.measure.kv_memory import (FAMOUS_MODELS, GB, kv_bytes_per_token, kv_report, model_shape,
                                        users_that_fit)
 from llm_anatomy.widgets.kv_calculator import KVCalculator
 
@@ -20,9 +22,12 @@ def test_published_bytes_per_token(name, dtype, per_token):
     assert kv_bytes_per_token(name, dtype) == per_token
 
 
-def test_shapes_build_the_right_transformers_configs():
-    assert isinstance(model_shape("Falcon-7B").config(), FalconConfig)
-    assert isinstance(model_shape("Llama-3-8B").config(), LlamaConfig)
+def test_the_plain_numbers_agree_with_the_models_transformers_configs():
+    """The table's four numbers per model give what transformers' own configs of those models give."""
+    falcon = FalconConfig(hidden_size=4544, num_attention_heads=71, num_hidden_layers=32, multi_query=True)
+    llama3 = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32)
+    assert model_shape("Falcon-7B").kv_bytes_per_token(2) == kv_cache_bytes(falcon, 1, 1, torch.bfloat16)
+    assert model_shape("Llama-3-8B").kv_bytes_per_token(2) == kv_cache_bytes(llama3, 1, 1, torch.bfloat16)
     kinds = {m.attention for m in FAMOUS_MODELS.values()}
     assert kinds == {"MHA", "GQA", "MQA"}
 

@@ -1,7 +1,8 @@
 """How much memory the KV cache takes, for famous models, long contexts and many users.
 
-Pure functions over a small table of published model shapes. The widget in
-widgets/kv_calculator.py is a thin shell over `kv_report`.
+Pure functions over a small table of published model shapes, each reduced to the four numbers the
+formula needs (`llm_anatomy.kv_cache.kv_bytes`). The widget in widgets/kv_calculator.py is a thin
+shell over `kv_report`.
 
 Units: bytes, and GB = 1e9 bytes (GPU memory sizes are quoted as sold, e.g. "80 GB").
 """
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import CourseError
-from .kv_cache import kv_cache_bytes
+from ..errors import CourseError
+from ..kv_cache import kv_bytes
 
 GB = 1e9
 
@@ -24,7 +25,6 @@ class ModelShape:
     """The numbers of a decoder that fix its KV cache (from the model's published config.json)."""
 
     name: str
-    family: str  # "llama" or "falcon": which transformers config class describes it
     attention: str  # "MHA", "GQA" or "MQA"
     layers: int
     hidden_size: int
@@ -36,29 +36,18 @@ class ModelShape:
     def head_dim(self) -> int:
         return self.hidden_size // self.heads
 
-    def config(self):
-        """The transformers config of this shape, built offline (no hub)."""
-        if self.family == "falcon":
-            from transformers import FalconConfig
-
-            return FalconConfig(hidden_size=self.hidden_size, num_attention_heads=self.heads,
-                                num_hidden_layers=self.layers, multi_query=self.kv_heads == 1,
-                                new_decoder_architecture=self.kv_heads not in (1, self.heads),
-                                num_kv_heads=self.kv_heads)
-        from transformers import LlamaConfig
-
-        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.heads,
-                           num_key_value_heads=self.kv_heads, num_hidden_layers=self.layers,
-                           head_dim=self.head_dim)
+    def kv_bytes_per_token(self, bytes_per_element: int) -> int:
+        """Bytes of K and V for one token of one sequence."""
+        return kv_bytes(self.layers, self.kv_heads, self.head_dim, bytes_per_element)
 
 
 # Published configs (the models' config.json files on the Hugging Face hub).
 FAMOUS_MODELS: dict[str, ModelShape] = {m.name: m for m in [
-    ModelShape("SmolLM2-135M", "llama", "GQA", layers=30, hidden_size=576, heads=9, kv_heads=3, parameters=134.5e6),
-    ModelShape("Llama-2-7B", "llama", "MHA", layers=32, hidden_size=4096, heads=32, kv_heads=32, parameters=6.74e9),
-    ModelShape("Llama-3-8B", "llama", "GQA", layers=32, hidden_size=4096, heads=32, kv_heads=8, parameters=8.03e9),
-    ModelShape("Falcon-7B", "falcon", "MQA", layers=32, hidden_size=4544, heads=71, kv_heads=1, parameters=7.22e9),
-    ModelShape("Llama-2-70B", "llama", "GQA", layers=80, hidden_size=8192, heads=64, kv_heads=8, parameters=69.0e9),
+    ModelShape("SmolLM2-135M", "GQA", layers=30, hidden_size=576, heads=9, kv_heads=3, parameters=134.5e6),
+    ModelShape("Llama-2-7B", "MHA", layers=32, hidden_size=4096, heads=32, kv_heads=32, parameters=6.74e9),
+    ModelShape("Llama-3-8B", "GQA", layers=32, hidden_size=4096, heads=32, kv_heads=8, parameters=8.03e9),
+    ModelShape("Falcon-7B", "MQA", layers=32, hidden_size=4544, heads=71, kv_heads=1, parameters=7.22e9),
+    ModelShape("Llama-2-70B", "GQA", layers=80, hidden_size=8192, heads=64, kv_heads=8, parameters=69.0e9),
 ]}
 
 # GPU memory as sold, GB.
@@ -92,8 +81,7 @@ def bytes_per_element(dtype: str | torch.dtype) -> int:
 
 def kv_bytes_per_token(name: str, dtype: str = "bf16") -> int:
     """Bytes the KV cache of model `name` needs per token of one sequence."""
-    bytes_per_element(dtype)  # a clear error for an unknown format
-    return kv_cache_bytes(model_shape(name).config(), 1, 1, DTYPES[dtype])
+    return model_shape(name).kv_bytes_per_token(bytes_per_element(dtype))
 
 
 def _check_count(value, what: str, largest: int) -> int:
@@ -155,7 +143,7 @@ def kv_report(model: str, length: int, users: int = 1, dtype: str = "bf16", gpu_
     users = _check_count(users, "number of users", MAX_USERS)
     size = bytes_per_element(dtype)
     memory = _check_memory(gpu_memory_gb)
-    per_token = kv_cache_bytes(shape.config(), 1, 1, DTYPES[dtype])
+    per_token = shape.kv_bytes_per_token(size)
     weights = int(shape.parameters * size)
     return KVReport(model, length, users, dtype, memory, per_token, per_token * length, per_token * length * users,
                     weights, users_that_fit(per_token * length, memory, weights))

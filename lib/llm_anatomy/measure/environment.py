@@ -1,4 +1,7 @@
-"""The environment check shown by `python -m llm_anatomy doctor` and by notebook 00."""
+"""The environment check: what this machine has (versions, device, memory, the model cache).
+
+Notebook 00 shows it; `python -m llm_anatomy doctor` prints it.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,8 @@ import sys
 
 import torch
 
-from .device import default_dtype, describe_device, pick_device
-from .models import DEFAULT_MODEL, GGUF_NAME, cache_dir, cache_problems, default_model_dir
+from ..device import default_dtype, describe_device, pick_device
+from ..models.cache import DEFAULT_MODEL, GGUF_NAME, cache_dir, cache_problems, default_model_dir
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate",
             "ipywidgets", "matplotlib", "jupyterlab", "nbval", "llm-anatomy")
@@ -86,3 +89,25 @@ def format_report(report: dict) -> str:
     lines.extend(f"PROBLEM: {p}" for p in problems)
     lines.append("All good: the course is ready to run." if not problems else f"{len(problems)} problem(s) to fix.")
     return "\n".join(lines)
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+    """This process's peak resident memory in bytes, and how it was read (portable: no POSIX-only module).
+
+    Linux: VmHWM from /proc/self/status; Windows: psutil's peak working set; elsewhere the current
+    resident size (a lower bound of the peak).
+    """
+    import psutil
+
+    status = "/proc/self/status"
+    try:
+        with open(status) as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, "peak (VmHWM)"
+    except OSError:
+        pass
+    info = psutil.Process().memory_info()
+    if hasattr(info, "peak_wset"):
+        return int(info.peak_wset), "peak (working set)"
+    return int(info.rss), "current (a lower bound of the peak)"

@@ -12,8 +12,9 @@ matplotlib.use("Agg")
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.measure import (Peaks, Timing, Work, forward_work, matmul_parameters, measure_bandwidth,
-                                 measure_matmul_flops, measure_peaks, peaks_table, plot_roofline,
-                                 published_peaks, roof, roofline_point, time_generation, time_it)
+                                 measure_matmul_flops, measure_peaks, peaks_table, published_peaks, roof,
+                                 roofline_point, time_generation, time_it)
+from llm_anatomy.views.roofline import plot_roofline
 from llm_anatomy.scratch import ScratchConfig, ScratchLlama
 
 
@@ -37,29 +38,37 @@ def test_measured_peaks_are_positive_finite_numbers():
     flops = measure_matmul_flops("cpu", size=64, repeats=2)
     read = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2)
     copy = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, method="copy")
-    for value in (flops, read, copy):
+    triad = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, method="triad")
+    for value in (flops, read, copy, triad):
         assert math.isfinite(value) and value > 0
     with pytest.raises(CourseError, match="sum"):
         measure_bandwidth("cpu", method="scan")
     peaks = measure_peaks("cpu", quick=True)
-    assert peaks.published is None and "matmul" in peaks.how and peaks.dtype == "float32"
-    assert "this machine (measured)" in peaks_table(peaks) and "H200" in peaks_table(peaks)
+    assert peaks.published is None and "matmul" in peaks.how and peaks.dtype == "fp32"
+    assert set(peaks.bandwidth_by_method) == {"sum", "copy", "triad"}
+    assert peaks.bytes_per_s == max(peaks.bandwidth_by_method.values())  # the best of the three
+    table = peaks_table(peaks)
+    assert "this machine (measured, fp32)" in table and "H200 (data sheet, bf16)" in table
+    assert "T4 (data sheet, fp16)" in table  # no bf16 tensor cores on a T4: its peak is fp16's
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("Tesla T4", (65e12, 320e9)),
-    ("NVIDIA L4", (121e12, 300e9)),
-    ("NVIDIA A100-SXM4-80GB", (312e12, 2039e9)),
-    ("NVIDIA A100-SXM4-40GB", (312e12, 1555e9)),
-    ("NVIDIA H100 80GB HBM3", (989e12, 3350e9)),
-    ("NVIDIA H100 PCIe", (756e12, 2000e9)),
-    ("NVIDIA H200", (989e12, 4800e9)),
+    ("Tesla T4", (65e12, 320e9, "fp16")),
+    ("NVIDIA L4", (121e12, 300e9, "bf16")),
+    ("NVIDIA A100-SXM4-80GB", (312e12, 2039e9, "bf16")),
+    ("NVIDIA A100-SXM4-40GB", (312e12, 1555e9, "bf16")),
+    ("NVIDIA H100 80GB HBM3", (989e12, 3350e9, "bf16")),
+    ("NVIDIA H100 PCIe", (756e12, 2000e9, "bf16")),
+    ("NVIDIA H200", (989e12, 4800e9, "bf16")),
     ("NVIDIA L40S", None),  # not the L4
     ("NVIDIA GeForce RTX 4090", None),
 ])
 def test_published_peaks_match_by_device_name(name, expected):
     found = published_peaks(name)
-    assert found == (None if expected is None else pytest.approx(expected))
+    if expected is None:
+        assert found is None
+    else:
+        assert found[:2] == pytest.approx(expected[:2]) and found[2] == expected[2]
 
 
 def test_roofline_point_maths_on_known_numbers():
@@ -93,6 +102,27 @@ def test_forward_work_counts_weights_and_kv(tiny_model):
     assert batched.intensity > 5 * decode.intensity
 
 
+def test_the_lm_head_is_counted_only_where_it_runs(tiny_model):
+    cfg = ScratchConfig.from_hf(tiny_model.config)
+    head = cfg.vocab_size * cfg.hidden_size
+    last_only = forward_work(cfg, new_tokens=100, logits_tokens=1)  # generation: logits of the last position
+    every = forward_work(cfg, new_tokens=100, logits_tokens=None)  # training or scoring: every position
+    assert every.flops - last_only.flops == 2 * head * 99
+    assert every.bytes == last_only.bytes  # the head's weights are read once either way
+    batch = forward_work(cfg, new_tokens=10, batch=3)
+    assert batch.flops - forward_work(cfg, new_tokens=10, batch=3, logits_tokens=None).flops == -2 * head * 3 * 9
+
+
+def test_materialized_scores_add_their_traffic(tiny_model):
+    cfg = ScratchConfig.from_hf(tiny_model.config)
+    plain = forward_work(cfg, new_tokens=64, past=0)
+    naive = forward_work(cfg, new_tokens=64, past=0, materialized_scores=True)
+    scores = cfg.num_layers * cfg.num_heads * 64 * 64 * 4  # one fp32 [64, 64] score matrix per head and layer
+    assert naive.bytes - plain.bytes == 3 * scores and naive.flops == plain.flops
+    with pytest.raises(CourseError, match="new_tokens"):
+        forward_work(cfg, new_tokens=0)
+
+
 def test_plot_roofline_is_log_log_with_units():
     peaks = Peaks("test", "float32", flops_per_s=100e9, bytes_per_s=10e9, how="")
     points = [roofline_point("prefill 512", Work(1e12, 1e9), 20.0), roofline_point("decode b=1", Work(2e9, 1e9), 0.2)]
@@ -108,7 +138,7 @@ def test_plot_roofline_is_log_log_with_units():
 def test_time_generation_gives_ttft_and_tpot(tiny_model):
     model = ScratchLlama.from_hf(tiny_model)
     ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
-    t = time_generation(model, ids, new_tokens=5)
+    t = time_generation(model, ids, new_tokens=5, repeats=3)
     assert t.prompt_tokens == 12 and t.batch == 2 and len(t.step_seconds) == 5
     assert t.ttft_s > 0 and t.tpot_s > 0
     assert t.decode_tokens_per_s == pytest.approx(2 / t.tpot_s)

@@ -21,23 +21,13 @@ import sys
 
 import torch
 
-from .device import pick_device, synchronize
-from .errors import CourseError
-from .kv_cache import generate_greedy
-from .measure import forward_work, measure_peaks, time_it
-
-# Llama shapes with random weights. "1b" follows Llama-3.2-1B, "360m" SmolLM2-360M; "tiny" is for tests.
-RANDOM_SHAPES = {
-    "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=8192,
-               rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "360m": dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
-                 num_attention_heads=15, num_key_value_heads=5, head_dim=64, max_position_embeddings=8192,
-                 rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),  # SmolLM2-360M's shape
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                 rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
-}
+from ...decode import StaticDecoder, generate_greedy, prefill
+from ...device import default_dtype, pick_device, synchronize, timed
+from ...errors import CourseError
+from ...measure.peaks import measure_peaks
+from ...measure.roofline import forward_work
+from ...measure.timing import time_it
+from ...models.random import random_llama
 
 TARGETS = {  # what the course aims for; printed beside the figures, never asserted
     "scratch_vs_transformers": 1.0,
@@ -45,126 +35,6 @@ TARGETS = {  # what the course aims for; printed beside the figures, never asser
     "decode_bandwidth_fraction_cpu": 0.6,
     "decode_bandwidth_fraction_gpu": 0.5,
 }
-
-
-def random_llama(size: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """A transformers LlamaForCausalLM of a named shape with random weights, on `device` in `dtype`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if size not in RANDOM_SHAPES:
-        raise CourseError(f"Unknown model size {size!r}: use one of default, {', '.join(RANDOM_SHAPES)}.")
-    config = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **RANDOM_SHAPES[size])
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):  # build the weights where they will live: fast, and no CPU copy
-            model = LlamaForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval()
-
-
-class StaticDecoder:
-    """The from-scratch model's decode step with fixed shapes, so that a CUDA graph can replay it.
-
-    Eager PyTorch launches each small kernel from Python; for one token of a small model the GPU waits
-    on those launches more than it computes. A CUDA graph records the whole step once and replays it with
-    one launch. Fixed shapes are the price: the step attends over the whole preallocated cache with a mask
-    that hides the positions not yet written, and the position lives in a tensor, not a Python int.
-    """
-
-    def __init__(self, model, batch: int, max_len: int):
-        from .rope import rope_cos_sin
-
-        self.model, cfg = model, model.cfg
-        self.cache = model.new_cache(batch, max_len)
-        device = model.device
-        positions = torch.arange(max_len, device=device)
-        self.cos, self.sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype=model.dtype)  # [max_len, d]
-        self.slots = positions  # [max_len]
-        self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [batch, 1] the newest token
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)  # where the newest token goes
-        self.graph = None
-
-    @torch.inference_mode()
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
-        """Run the prompt through the ordinary model (which fills the cache) and keep the first new token."""
-        self.cache.reset()
-        logits = self.model(prompt_ids, self.cache)
-        self.token.copy_(logits[:, -1:].argmax(-1))
-        self.pos.fill_(prompt_ids.shape[1])
-
-    def _step(self) -> None:
-        from .attention import attention
-        from .rope import apply_rope
-
-        m, cfg = self.model, self.model.cfg
-        b, d = self.token.shape[0], cfg.head_dim
-        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # [1, d]
-        key_mask = (self.slots <= self.pos).expand(b, -1)  # [b, max_len]: written positions only
-        x = m.embed_tokens(self.token)  # [b, 1, hidden]
-        for i, block in enumerate(m.layers):
-            a = block.self_attn
-            h = block.input_layernorm(x)
-            q = a.q_proj(h).view(b, 1, cfg.num_heads, d).transpose(1, 2)  # [b, heads, 1, d]
-            k = a.k_proj(h).view(b, 1, cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, 1, d]
-            v = a.v_proj(h).view(b, 1, cfg.num_kv_heads, d).transpose(1, 2)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            self.cache.keys[i].index_copy_(2, self.pos, k)
-            self.cache.values[i].index_copy_(2, self.pos, v)
-            out = attention(q, self.cache.keys[i], self.cache.values[i], causal=False, key_mask=key_mask)
-            x = x + a.o_proj(out.transpose(1, 2).reshape(b, 1, cfg.num_heads * d))
-            x = x + block.mlp(block.post_attention_layernorm(x))
-        logits = m.lm_head(m.norm(x))  # [b, 1, vocab]
-        self.token.copy_(logits[:, -1:].argmax(-1))
-        self.pos.add_(1)
-
-    @torch.inference_mode()
-    def capture(self) -> None:
-        """Record one step in a CUDA graph (CUDA only); the state is restored after the warm-up steps."""
-        token, pos = self.token.clone(), self.pos.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.token.copy_(token)
-        self.pos.copy_(pos)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step()
-        self.graph = graph
-
-    @torch.inference_mode()
-    def step(self) -> None:
-        """One decode step: replay the graph when captured, else run eagerly."""
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self._step()
-
-    @torch.inference_mode()
-    def generate(self, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy tokens `[batch, new_tokens]`, the first from the prefill."""
-        self.prefill(prompt_ids)
-        out = [self.token.clone()]
-        for _ in range(new_tokens - 1):
-            self.step()
-            out.append(self.token.clone())
-        return torch.cat(out, dim=1)
-
-
-def _timed(fn, device):
-    """(seconds, result) of one call of fn, the device synchronized before and after."""
-    import time
-
-    synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return time.perf_counter() - start, out
 
 
 def _sizes(device: torch.device, quick: bool, model_size: str) -> dict:
@@ -181,7 +51,7 @@ def _sizes(device: torch.device, quick: bool, model_size: str) -> dict:
 
 def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
     if loaded is not None:
-        from .chat import chat_prompt_ids
+        from ...chat import chat_prompt_ids
 
         ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
         return ids.to(device)  # the whole chat prompt (38 tokens), so that greedy answers make sense
@@ -192,17 +62,15 @@ def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, graphs: bool = True,
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from .scratch import ScratchLlama
+    from ...scratch import ScratchLlama
 
     dev = pick_device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    if dev.type == "mps":
-        dtype = torch.float16
+    dtype = default_dtype(dev)  # fp32 on the CPU; bf16 where the GPU has it natively, else fp16
     sizes = _sizes(dev, quick, model_size)
     loaded = None
     log(f"loading the {model_size} model on {dev.type} ...")
     if model_size == "default":
-        from .models import load_model
+        from ...models.load import load_model
 
         loaded = load_model(device=dev, dtype=dtype, verbose=False)
         hf = loaded.model
@@ -256,8 +124,8 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     n = sizes["nocache_tokens"]
     log(f"decoding {n} tokens with and without the KV cache ...")
     short = prompt[:, :8]
-    t_with, cached = _timed(lambda: generate_greedy(model, short, n), dev)
-    t_without, uncached = _timed(lambda: generate_greedy(model, short, n, use_cache=False), dev)
+    t_with, cached = timed(lambda: generate_greedy(model, short, n), dev)
+    t_without, uncached = timed(lambda: generate_greedy(model, short, n, use_cache=False), dev)
     result["kv_cache"] = {"prompt_tokens": short.shape[1], "new_tokens": n,
                           "with_cache_tokens_per_s": n / t_with,
                           "without_cache_tokens_per_s": n / t_without,
@@ -273,13 +141,13 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
         ids = torch.randint(3, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(dev)
         cache = model.new_cache(1, length)
 
-        def prefill(ids=ids, cache=cache):
+        def run_prefill(ids=ids, cache=cache):
             cache.reset()
-            with torch.inference_mode():
-                model(ids, cache)
+            prefill(model, ids, cache)  # logits for the last position only, as in generation
 
-        t = time_it(prefill, dev, warmup=1, repeats=reps)
-        work = forward_work(cfg, length, 0, 1, elem)
+        t = time_it(run_prefill, dev, warmup=1, repeats=reps)
+        # our attention writes its scores out (naive attention), so they count as bytes moved
+        work = forward_work(cfg, length, 0, 1, elem, materialized_scores=True)
         result["prefill"].append({"prompt_tokens": length, "seconds": t.median_s, "tokens_per_s": length / t.median_s,
                                   "flops_per_s": work.flops / t.median_s, "intensity": work.intensity})
         log(f"  prefill {length} tokens: {length / t.median_s:.0f} tokens/s")
@@ -292,14 +160,14 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
         ids = prompt.expand(batch, -1).contiguous()
         gen = generate_greedy(model, ids, steps + 1, timed=True)
         tpot = gen.tpot_s
-        work = forward_work(cfg, 1, p_len + steps // 2, batch, elem)
+        work = forward_work(cfg, 1, p_len + steps // 2, batch, elem, materialized_scores=True)
         result["decode_batch"].append({"batch": batch, "tpot_s": tpot, "tokens_per_s": batch / tpot,
                                        "flops_per_s": work.flops / tpot, "intensity": work.intensity})
         log(f"  decode batch {batch}: {batch / tpot:.1f} tokens/s")
 
     # 5. how close decode comes to the bandwidth limit (batch 1, the cached run of step 2)
     kv = result["kv_cache"]
-    per_token = forward_work(cfg, 1, short.shape[1] + kv["new_tokens"] // 2, 1, elem).bytes
+    per_token = forward_work(cfg, 1, short.shape[1] + kv["new_tokens"] // 2, 1, elem, materialized_scores=True).bytes
     speed = kv["with_cache_tokens_per_s"]
     result["bandwidth_use"] = {"bytes_per_token": per_token, "tokens_per_s": speed,
                                "attained_bytes_per_s": per_token * speed,

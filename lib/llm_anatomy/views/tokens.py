@@ -1,4 +1,4 @@
-"""Pure functions behind the tokenizer playground: token spans, colours, id comparison, HTML.
+"""The tokenizer playground's view: token spans, colours, id comparison, HTML.
 
 Nothing here touches ipywidgets, so tests call it directly. The widget
 (`llm_anatomy.widgets.playground`) only wires these to a text box.
@@ -9,14 +9,13 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from .bpe import BPETokenizer, MergeStep, utf8_bytes
-from .errors import CourseError
+from ..bpe import BPETokenizer, MergeStep, utf8_bytes
+from ..errors import CourseError
+from .labels import token_label
 
 # Soft background colours, cycled token by token so that neighbours always differ.
 PALETTE = ("#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6", "#a0c4ff", "#ffadad")
 MISMATCH = "#b00020"
-# Whitespace drawn visibly: a token ' the' shows as '·the', so the leading space is not lost.
-VISIBLE = {" ": "\u00b7", "\n": "\u21b5\n", "\t": "\u2192", "\r": "\u240d"}
 
 
 @dataclass(frozen=True)
@@ -41,15 +40,6 @@ class TokenSpan:
     def label(self) -> str:
         """The token as readable text: whitespace made visible; a piece of a character as hex bytes."""
         return token_label(self.data)
-
-
-def token_label(data: bytes) -> str:
-    """Readable text for a token's bytes: '·the' for b' the'; '<F0 9F>' for part of a character."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "<" + " ".join(f"{b:02X}" for b in data) + ">"
-    return "".join(VISIBLE.get(c, c) for c in text)
 
 
 def colour(index: int) -> str:

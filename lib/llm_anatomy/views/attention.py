@@ -1,4 +1,4 @@
-"""The data behind the attention explorer: one layer, one head, one prompt.
+"""The attention explorer's view: one layer, one head, one prompt, drawn as a heatmap.
 
 `attention_view(model, tokenizer, prompt, layer, head)` runs the blocks before `layer`, then
 computes the weights of the chosen head only (its query rows and the key rows of the KV head it
@@ -12,27 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import CourseError
-from .scratch import ScratchLlama
+from ..errors import CourseError
+from ..scratch import as_scratch
+from .labels import token_labels
 
 MAX_TOKENS = 64  # longer prompts are cut: a 64 x 64 heatmap is still readable
-
-
-def as_scratch(model) -> ScratchLlama:
-    """A ScratchLlama for a ScratchLlama, a transformers Llama model or a LoadedModel (weights shared)."""
-    if isinstance(model, ScratchLlama):
-        return model
-    return ScratchLlama.from_hf(model)
-
-
-def token_labels(tokenizer, ids) -> list[str]:
-    """One short readable label per token: spaces as '␣', new lines as '↵'."""
-    labels = []
-    for i in ids:
-        text = tokenizer.decode([int(i)])
-        text = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-        labels.append(text if len(text) <= 12 else text[:11] + "…")
-    return labels
 
 
 @dataclass
@@ -89,3 +73,22 @@ def draw_attention(weights: torch.Tensor, tokens: list[str], ax=None, title: str
         ax.set_title(title, fontsize=10)
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight (0-1)")
     return image
+
+
+def heatmap_png(view: AttentionView) -> bytes:
+    """The view drawn as a PNG. A bare matplotlib Figure (not pyplot): no global state, nothing to close."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(view.tokens)
+    size = min(9.0, 3.5 + 0.09 * n)
+    fig = Figure(figsize=(size + 1.0, size))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    draw_attention(view.weights, view.tokens, ax=ax, title=view.title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()

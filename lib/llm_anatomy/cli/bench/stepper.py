@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 TARGET_MS = 150.0
 
@@ -34,25 +33,22 @@ def main(argv: list[str]) -> int:
             raise SystemExit("--threads must be 1 or more")
         torch.set_num_threads(args.threads)
 
-    from . import load_model
-    from .widgets.stepper import Stepper
+    from ...device import timed
+    from ...models.load import load_model
+    from ...widgets.stepper import Stepper
 
     loaded = load_model(device=args.device, verbose=False)
     # temperature 0 keeps the run deterministic; a large limit so that only EOS could stop it early
     stepper = Stepper(loaded, prompt=args.prompt, max_new_tokens=args.steps + 1, temperature=0.0, top_k=50,
                       top_p=0.9)
-    start = time.perf_counter()
-    stepper.on_prefill()
-    prefill_click_ms = (time.perf_counter() - start) * 1e3
+    prefill_click_ms = timed(stepper.on_prefill, loaded.device)[0] * 1e3
     if stepper.error.text:
         raise SystemExit(f"prefill failed: {stepper.error.text}")
     click_ms, model_ms = [], []
     for _ in range(args.steps):
         if stepper.session.finished:
             break
-        start = time.perf_counter()
-        stepper.on_step()
-        click_ms.append((time.perf_counter() - start) * 1e3)
+        click_ms.append(timed(stepper.on_step, loaded.device)[0] * 1e3)
         model_ms.append(stepper.session.last.ms)
     if not click_ms:
         raise SystemExit("the model ended its turn at once: try another --prompt")

@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
+
+from ...device import timed
 
 TARGETS = {"encode_ratio_max": 20.0, "train_1000_merges_s_max": 30.0, "playground_update_ms_max": 100.0}
 
 
 def bench_text(n_bytes: int = 1_000_000) -> str:
     """About `n_bytes` of text built from the corpus (see the module docstring)."""
-    from .bpe import load_corpus
+    from ...bpe import load_corpus
 
     corpus = load_corpus()
     text = "\n".join([corpus, corpus.upper(), corpus.swapcase()])
@@ -31,12 +32,9 @@ def bench_text(n_bytes: int = 1_000_000) -> str:
 
 
 def _best(fn, repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+    """(the fastest of `repeat` runs in seconds, the last result)."""
+    runs = [timed(fn) for _ in range(repeat)]
+    return min(s for s, _ in runs), runs[-1][1]
 
 
 def run(repeat: int = 3, merges: int = 1000) -> dict:
@@ -44,8 +42,8 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from .bpe import BPETokenizer, hf_trained_merges, learned_merges, load_corpus
-    from .models import fetch_default_model
+    from ...bpe import BPETokenizer, hf_trained_merges, learned_merges, load_corpus
+    from ...models.cache import fetch_default_model
 
     reference = AutoTokenizer.from_pretrained(fetch_default_model())
     spec = reference.backend_tokenizer.to_str()
@@ -58,9 +56,7 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
 
     def encode_rust():
         fresh = Tokenizer.from_str(spec)  # a fresh Rust tokenizer has an empty cache too
-        start = time.perf_counter()
-        ids = fresh.encode(text, add_special_tokens=False).ids
-        return time.perf_counter() - start, ids
+        return timed(lambda: fresh.encode(text, add_special_tokens=False).ids)
 
     ours_s, our_ids = _best(encode_ours, repeat)
     rust_runs = [encode_rust() for _ in range(repeat)]
@@ -72,16 +68,14 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
     hf_train_s, hf_merges = _best(lambda: hf_trained_merges(corpus, 256 + merges), 1)
     same = sum(1 for a, b in zip(learned_merges(trained), hf_merges) if a == b)
 
-    from .widgets.playground import TokenizerPlayground, sample_paragraph
+    from ...widgets.playground import TokenizerPlayground, sample_paragraph
 
     widget = TokenizerPlayground(ours, reference)
     paragraph = sample_paragraph()
     widget.set_text("warm up")
     times = []
     for k in range(5):  # a slightly different paragraph each time, as when typing
-        start = time.perf_counter()
-        widget.set_text(paragraph + " " * k)
-        times.append(time.perf_counter() - start)
+        times.append(timed(lambda: widget.set_text(paragraph + " " * k))[0])
     return {
         "text_bytes": len(text.encode("utf-8")),
         "tokens": len(our_ids),

@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh Python process so that imports and caches are honest.
 Cold = fetch (package download) + SHA-256 check + conversion into an empty cache folder.
-Warm = verify the cache and load from safetensors. Peak memory is the process's max RSS.
+Warm = verify the cache and load from safetensors. Peak memory is the process's peak resident memory (measure.environment.peak_memory_bytes).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import tempfile
 import textwrap
 
 _CHILD = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, time
     t0 = time.perf_counter()
     import llm_anatomy
     t1 = time.perf_counter()
     loaded = llm_anatomy.load_model(verbose=False)
     t2 = time.perf_counter()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak = peak if sys.platform == "darwin" else peak * 1024
-    print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "peak_bytes": peak}))
+    from llm_anatomy.measure.environment import peak_memory_bytes
+    peak, how = peak_memory_bytes()
+    print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "peak_bytes": peak, "peak_how": how}))
 """)
 
 

@@ -1,7 +1,7 @@
 """How exactly the from-scratch model matches transformers: the figures the course quotes.
 
-    python -m llm_anatomy.scratch_check            # a readable table (real model, CPU, fp32)
-    python -m llm_anatomy.scratch_check --json     # one JSON object
+    python -m llm_anatomy check            # a readable table (real model, CPU, fp32)
+    python -m llm_anatomy check --json     # one JSON object
 
 Every figure is a maximum absolute difference of logits (the vocabulary's raw scores), or a
 yes/no for identical tokens. Cached runs are compared two ways: with transformers fed the same
@@ -24,12 +24,9 @@ import sys
 
 import torch
 
-from .kv_cache import generate_greedy
-from .scratch import ScratchLlama
-
-
-def _hf(model):
-    return model if isinstance(model, torch.nn.Module) else model.model
+from ..decode import greedy_tokens
+from ..models.load import transformers_model as _hf
+from ..scratch import ScratchLlama
 
 
 @torch.no_grad()
@@ -111,14 +108,6 @@ def padded_differences(hf_model, scratch: ScratchLlama, ids: torch.Tensor, mask:
 
 
 @torch.no_grad()
-def greedy_tokens(scratch: ScratchLlama, prompt_ids: torch.Tensor, max_new_tokens: int,
-                  eos_token_id: int | None = None) -> list[int]:
-    """Greedy decoding with our KV cache (prefill once, then feed only the newest token), cut after the EOS."""
-    out = generate_greedy(scratch, prompt_ids, max_new_tokens).tokens[0].tolist()
-    return out[:out.index(eos_token_id) + 1] if eos_token_id in out else out
-
-
-@torch.no_grad()
 def greedy_matches(hf_model, tokenizer, scratch: ScratchLlama, prompt_ids: torch.Tensor,
                    max_new_tokens: int = 128) -> dict:
     """Our greedy tokens vs transformers' generate(do_sample=False); identical when the lists are equal."""
@@ -160,7 +149,7 @@ def eager_difference(hf_model, scratch: ScratchLlama, input_ids: torch.Tensor) -
 
 def report(loaded, lengths=(128, 512), steps: int = 24, new_tokens: int = 128) -> dict:
     """Every figure of the exactness check, for the real model."""
-    from .chat import chat_prompt_ids
+    from ..chat import chat_prompt_ids
 
     scratch = ScratchLlama.from_hf(loaded.model)
     tok = loaded.tokenizer
@@ -185,10 +174,10 @@ def report(loaded, lengths=(128, 512), steps: int = 24, new_tokens: int = 128) -
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_anatomy.scratch_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_anatomy check", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    from .models import load_model
+    from ..models.load import load_model
 
     torch.set_grad_enabled(False)
     loaded = load_model(device="cpu", verbose=False)
@@ -206,7 +195,3 @@ def main(argv=None) -> int:
         print(f"  {key.replace('_', ' '):<51} {figures[key]:.2e}")
     print(f"  greedy {figures['greedy_tokens']} tokens identical to generate(): {figures['greedy_identical']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

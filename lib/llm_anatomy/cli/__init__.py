@@ -1,0 +1,1 @@
+"""The command line, `python -m llm_anatomy ...`: the top layer. Nothing else in the package imports it."""

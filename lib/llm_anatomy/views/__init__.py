@@ -1,0 +1,1 @@
+"""What the learner sees: pure HTML strings and matplotlib drawings, one module per picture. No ipywidgets here."""

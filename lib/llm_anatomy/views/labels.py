@@ -1,0 +1,28 @@
+"""The one way the course writes a token as readable text (the playground, the explorer, the stepper).
+
+A token often starts with a space or is a newline; shown raw, it would vanish. So whitespace is
+drawn: ' the' shows as '·the', a newline as '↵', a tab as '→'. A token that is only part of a
+character (a byte-level BPE can split an emoji) shows its bytes in hex: '<F0 9F>'.
+"""
+
+from __future__ import annotations
+
+VISIBLE = {" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}
+
+
+def token_label(token: bytes | str, max_chars: int | None = None) -> str:
+    """Readable text for a token given as its bytes or its decoded text; cut to `max_chars` with '…'."""
+    if isinstance(token, bytes):
+        try:
+            token = token.decode("utf-8")
+        except UnicodeDecodeError:
+            return "<" + " ".join(f"{b:02X}" for b in token) + ">"
+    text = "".join(VISIBLE.get(c, c) for c in token)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars - 1] + "\u2026"
+    return text
+
+
+def token_labels(tokenizer, ids, max_chars: int | None = 12) -> list[str]:
+    """One label per token id, from the tokenizer's text for each id alone."""
+    return [token_label(tokenizer.decode([int(i)]), max_chars) for i in ids]

@@ -1,0 +1,173 @@
+"""The package's plan holds: its folders are layers, imports point one way, and each concept has one home.
+
+Every import statement of every module is read with `ast` (function-level imports included: a lazy
+import is still a dependency), so these tests fail the moment someone adds an arrow the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lib" / "llm_anatomy"
+
+# Layer of each module, from the bottom; a module may import only from its own layer or below.
+BASE = {"errors", "device", "paths", "claims"}
+MATHS = {"pretokenize", "bpe_train", "bpe_hf", "bpe", "embeddings", "rope", "attention", "kv_cache", "sampling"}
+MODEL = {"scratch", "logit_lens", "models", "paged_kv", "quantize"}
+DECODING = {"decode", "generation", "chat"}
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")[1:]  # without "llm_anatomy"
+    if not parts or parts == ["__init__"]:
+        return 7  # the package's own __init__ re-exports; nothing imports it from inside
+    head = parts[0]
+    if head == "__main__" or head == "cli":
+        return 7
+    if head in ("widgets", "exercises"):
+        return 6
+    if head == "views":
+        return 5
+    if head == "measure":
+        return 4
+    for rank, group in enumerate((BASE, MATHS, MODEL, DECODING)):
+        if head in group:
+            return rank
+    raise AssertionError(f"{module} belongs to no layer: add it to tests/test_layers.py")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path) -> set[str]:
+    """The llm_anatomy modules (and top-level outside packages) that `path` imports, anywhere in the file."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:  # "from . import check" imports the module llm_anatomy.cli.check
+                found.add(f"{target}.{alias.name}")
+    known = modules()
+    return {m for m in found if m in known or not m.startswith("llm_anatomy")}
+
+
+def internal_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for name, path in known.items():
+        graph[name] = {m for m in imports_of(path) if m in known and m != name and not name.startswith(m + ".")}
+    return graph
+
+
+def test_every_module_belongs_to_a_layer():
+    for name in modules():
+        layer_of(name)
+
+
+def test_imports_point_one_way():
+    wrong = []
+    for name, targets in internal_graph().items():
+        for target in targets:
+            if target != "llm_anatomy" and layer_of(target) > layer_of(name):
+                wrong.append(f"{name} (layer {layer_of(name)}) imports {target} (layer {layer_of(target)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_there_is_no_import_cycle():
+    graph = internal_graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else path + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_command_line_imports_the_command_line():
+    for name, path in modules().items():
+        if name.startswith("llm_anatomy.cli") or name == "llm_anatomy.__main__":
+            continue
+        assert not any(m.startswith("llm_anatomy.cli") for m in imports_of(path)), name
+
+
+def test_only_widgets_import_ipywidgets():
+    for name, path in modules().items():
+        if name.startswith("llm_anatomy.widgets"):
+            continue
+        assert "ipywidgets" not in {m.split(".")[0] for m in imports_of(path)}, name
+
+
+def test_no_posix_only_module_in_the_package():
+    """fcntl and resource do not exist on Windows, where many workshop laptops run."""
+    for name, path in modules().items():
+        assert not {"fcntl", "resource", "termios"} & {m.split(".")[0] for m in imports_of(path)}, name
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_no_notebook_imports_the_command_line(notebook):
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert not re.search(r"llm_anatomy\.cli\b|from llm_anatomy import cli\b", code)
+
+
+def test_one_clock_and_one_median():
+    """Every timing goes through device.timed; every median is statistics.median."""
+    for name, path in modules().items():
+        text = path.read_text()
+        if name != "llm_anatomy.device":
+            calls = [line for line in text.splitlines() if "perf_counter" in line and not line.strip().startswith("#")]
+            # the load benchmark's child process times its own `import llm_anatomy`, before the package exists
+            calls = [c for c in calls if name != "llm_anatomy.cli.bench.load"]
+            assert not calls, f"{name} reads the clock itself: use llm_anatomy.device.timed\n" + "\n".join(calls)
+        assert not re.search(r"\[\s*len\([^)]*\)\s*//\s*2\s*\]|\[\s*\w+\s*//\s*2\s*\]\s*#\s*the median", text), \
+            f"{name} computes a median by hand: use statistics.median"
+
+
+def test_one_token_label():
+    """Whitespace is made visible in one place only (views/labels.py)."""
+    for name, path in modules().items():
+        if name == "llm_anatomy.views.labels":
+            continue
+        text = path.read_text()
+        drawn = re.findall(r"""\.replace\(\s*["'](?: |\\n|\\t)["']""", text) + re.findall("\u2423|\\\\u2423", text)
+        assert not drawn, f"{name} draws whitespace itself ({drawn}): use llm_anatomy.views.labels.token_label"
+
+
+def test_files_are_short_enough_to_read_at_one_sitting():
+    long = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert not {n: k for n, k in long.items() if k > 350}, long  # the aim is about 300; generation.py (one class) is the longest
