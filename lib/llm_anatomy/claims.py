@@ -1,0 +1,56 @@
+"""Claims held to their evidence: a cell that demonstrates a claim also checks it.
+
+    claim("C8", torch.equal(cached, uncached), f"{n} tokens, identical: {torch.equal(cached, uncached)}")
+
+prints one line, a verdict with the evidence, and raises ClaimFailed when the evidence does not hold, so that
+the notebook run (and CI, which runs every notebook) fails instead of printing "identical: False" beside prose
+that says the opposite. Use `claim` only for what must hold on any machine: exactness, identical tokens in
+fp32, bytes equal to a formula, a speedup > 1. What depends on the hardware (how close to a roof) is not a
+claim to assert: `reading` prints the measurement for the prose to quote.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+CLAIM_ID = re.compile(r"^C\d{1,2}$")
+
+
+class ClaimFailed(AssertionError):
+    """The evidence shown by a cell does not support the claim it demonstrates."""
+
+
+class Verdict:
+    """What `claim` and `reading` return: a line of text that notebooks show in colour."""
+
+    def __init__(self, text: str, colour: str):
+        self.text, self.colour = text, colour
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return (f'<div style="border-left:4px solid {self.colour};padding:2px 8px;color:{self.colour}">'
+                f"{html.escape(self.text)}</div>")
+
+
+def claim(claim_id: str, holds, evidence: str) -> Verdict:
+    """Check a claim on its evidence: a green line when `holds` is true, else ClaimFailed with the evidence.
+
+    claim_id: "C1" .. "C20" (the course's table of claims); holds: the check itself (a bool, or a tensor
+    or number that is truthy); evidence: the measured figures, in a sentence.
+    """
+    if not isinstance(claim_id, str) or not CLAIM_ID.match(claim_id):
+        raise ValueError(f"claim_id must be 'C' and a number, such as 'C8', not {claim_id!r}.")
+    ok = bool(holds)
+    if not ok:
+        raise ClaimFailed(f"{claim_id} NOT shown on this machine: {evidence}")
+    return Verdict(f"\u2714 {claim_id} holds: {evidence}", "#1b7f3b")
+
+
+def reading(claim_id: str, text: str) -> Verdict:
+    """A measurement that depends on the hardware, printed for the prose to read (never asserted)."""
+    if not isinstance(claim_id, str) or not CLAIM_ID.match(claim_id):
+        raise ValueError(f"claim_id must be 'C' and a number, such as 'C11', not {claim_id!r}.")
+    return Verdict(f"\u25b8 {claim_id} on this machine: {text}", "#1f4e79")
