@@ -12,10 +12,22 @@ The check never raises: a learner's NotImplementedError means "not attempted yet
 other exception in the learner's code becomes a red verdict that names it. This keeps every
 notebook runnable top to bottom, with the exercises still open.
 Each chapter's checks live in chNN.py beside this file; solutions live in workshop/solutions.
+
+Hints come one at a time, so that a learner who is stuck gets a nudge before the answer:
+
+    @exercise
+    @hints("a nudge", "the key idea", "an outline of the code")
+    def check_merge_loop(train): ...
+
+    ch01.hint(ch01.check_merge_loop)     # shows hint 1 of 3; run it again for the next one
+
+Where the method is the lesson, a check forbids the shortcut while it calls the learner's code:
+`with forbidden(torch, "softmax", "compute the softmax from exp and sum"): call(answer, ...)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 from dataclasses import dataclass
@@ -70,6 +82,73 @@ def exercise(check):
 
     wrapper.is_exercise_check = True
     return wrapper
+
+
+def hints(*texts: str):
+    """Attach hints to a check, from a nudge to an outline; `hint(check)` reveals them one at a time."""
+    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise ValueError("hints(...) needs one or more non-empty texts")
+
+    def attach(check):
+        check.hints = texts
+        return check
+
+    return attach
+
+
+_revealed: dict[str, int] = {}  # check name -> how many hints the learner has seen
+
+
+class Hint:
+    """The hints revealed so far for one exercise (shown as a numbered list)."""
+
+    def __init__(self, name: str, shown: tuple[str, ...], total: int):
+        self.name, self.shown, self.total = name, shown, total
+
+    def __str__(self) -> str:
+        lines = [f"Hint {i} of {self.total}: {text}" for i, text in enumerate(self.shown, 1)]
+        if len(self.shown) == self.total:
+            lines.append("That was the last hint; the solution is in workshop/solutions.")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(t)}</li>" for t in self.shown)
+        more = ("(that was the last hint; the solution is in workshop/solutions)" if len(self.shown) == self.total
+                else f"(run it again for hint {len(self.shown) + 1} of {self.total})")
+        return (f'<div style="border-left:4px solid #8a5a00;padding:4px 8px"><b>Hints</b><ol>{items}</ol>'
+                f'<span style="color:#555">{more}</span></div>')
+
+
+def hint(check) -> Hint:
+    """Reveal the next hint of an exercise's check (all of them once they are used up)."""
+    texts = getattr(check, "hints", None) or getattr(getattr(check, "__wrapped__", None), "hints", None)
+    if not texts:
+        raise ValueError(f"{getattr(check, '__name__', check)!r} has no hints")
+    name = check.__name__
+    _revealed[name] = min(_revealed.get(name, 0) + 1, len(texts))
+    return Hint(name, tuple(texts[:_revealed[name]]), len(texts))
+
+
+def reset_hints() -> None:
+    """Forget which hints were shown (tests use it)."""
+    _revealed.clear()
+
+
+@contextlib.contextmanager
+def forbidden(owner, name: str, why: str):
+    """While the learner's code runs, calling `owner.name` stops the check with `why` (the method is the lesson)."""
+    original = getattr(owner, name)
+
+    def refuse(*args, **kwargs):
+        raise NotYet(f"don't call {getattr(owner, '__name__', owner)}.{name} here: {why}")
+
+    setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
 
 
 def call(answer, *args, **kwargs):
