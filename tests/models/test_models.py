@@ -89,6 +89,20 @@ def test_a_tampered_cache_is_rebuilt_from_the_verified_gguf(cache_copy, capsys):
     assert loaded.name == DEFAULT_MODEL and loaded.config.num_hidden_layers == 30
 
 
+def test_a_cache_from_before_the_digit_split_is_out_of_date(cache_copy):
+    """Caches converted before SmolLM2's Digits pre-tokenizer was restored (no "format" in the manifest) are rebuilt."""
+    import json
+
+    manifest_path = cache_copy / DEFAULT_MODEL / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["format"] == 2
+    spec = json.loads((cache_copy / DEFAULT_MODEL / "tokenizer.json").read_text())
+    assert spec["pre_tokenizer"]["pretokenizers"][0] == {"type": "Digits", "individual_digits": True}
+    del manifest["format"]
+    manifest_path.write_text(json.dumps(manifest))
+    assert "older version of the course" in cache_problems(cache_copy / DEFAULT_MODEL, check_hashes=False)[0]
+
+
 def test_a_tampered_gguf_is_refused_and_not_kept(cache_copy, monkeypatch):
     shutil.rmtree(cache_copy / DEFAULT_MODEL)
     _flip_a_byte(cache_copy / "gguf" / GGUF_NAME)

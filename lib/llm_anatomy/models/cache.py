@@ -39,6 +39,13 @@ GGUF_SIZE = 98_362_432  # bytes
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST = "manifest.json"
 ENV_CACHE = "LLM_ANATOMY_CACHE"
+# transformers' GGUF reader does not know the file's `tokenizer.ggml.pre = "smollm"` (llama.cpp's name for SmolLM2's
+# pre-tokenizer) and falls back to a bare ByteLevel step. SmolLM2 isolates every digit first, as its tokenizer.json
+# on the hub does: we put that step back. A cache made without it (format 1) is rebuilt.
+SMOLLM_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+CACHE_FORMAT = 2
 
 
 # --------------------------------------------------------------------------- cache folder
@@ -104,7 +111,7 @@ def write_manifest(folder: Path) -> None:
         for p in sorted(folder.iterdir())
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }
-    manifest = {"source": GGUF_NAME, "source_sha256": GGUF_SHA256, "files": files}
+    manifest = {"source": GGUF_NAME, "source_sha256": GGUF_SHA256, "format": CACHE_FORMAT, "files": files}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
@@ -119,6 +126,8 @@ def cache_problems(folder: Path, check_hashes: bool = True) -> list[str]:
     except (ValueError, KeyError, TypeError):
         return [f"{manifest_path} is unreadable"]
     problems = []
+    if manifest.get("format", 1) < CACHE_FORMAT:
+        problems.append("it was made by an older version of the course (a tokenizer without SmolLM2's digit split)")
     for name, expected in files.items():
         path = folder / name
         if not path.exists():
@@ -233,6 +242,9 @@ def _convert(gguf: Path, out: Path) -> None:
         model.config._name_or_path = DEFAULT_MODEL
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        spec = json.loads((tmp / "tokenizer.json").read_text(encoding="utf-8"))
+        spec["pre_tokenizer"] = SMOLLM_PRE_TOKENIZER
+        (tmp / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False, indent=2), encoding="utf-8")
         del model
         write_manifest(tmp)
         if out.exists():
@@ -254,7 +266,7 @@ def fetch_default_model(progress: bool = True) -> Path:
     if not problems:
         return folder
     if (folder / MANIFEST).exists():
-        print(f"The cached model in {folder} is damaged ({'; '.join(problems)}); rebuilding it.")
+        print(f"The cached model in {folder} is damaged or out of date ({'; '.join(problems)}); rebuilding it.")
     _ensure_writable(cache_dir())
     with _cache_lock(cache_dir()):
         if not cache_problems(folder):  # another process finished while we waited
