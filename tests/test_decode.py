@@ -84,3 +84,23 @@ def test_the_fixed_shape_step_gives_the_same_tokens_as_decode_step(tiny_model):
         decoder.generate(ids, 12)
     with pytest.raises(CourseError, match="CUDA"):
         decoder.capture()  # on the CPU: a clear refusal, never a silent fallback
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_attention_mask_made_on_the_cpu_serves_ids_on_any_device(tiny_model, device):
+    """A mask built on the CPU beside ids on a GPU once raised a device mismatch: the model now moves it to the ids.
+
+    On a CPU-only machine this runs the CPU case; tools/gpu_check.sh runs it on a GPU, where the bug lived.
+    """
+    model = ScratchLlama.from_hf(tiny_model).to(device)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [4, 5, 6, 7, 8]], device=device)  # the first row is left-padded
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # made on the CPU, as a tokenizer makes it
+    got = prefill(model, ids, model.new_cache(2, 8), attention_mask=mask).logits
+    want = prefill(model, ids, model.new_cache(2, 8), attention_mask=mask.to(device)).logits
+    assert got.device.type == device and torch.equal(got, want)
+    assert torch.equal(model(ids, attention_mask=mask), model(ids, attention_mask=mask.to(device)))  # no cache
+    weights = model.attention_weights(ids, 1, attention_mask=mask)  # [batch, heads, seq, seq]
+    assert weights.device.type == device and float(weights[0, :, 2:, :2].abs().max()) == 0.0  # padding unseen

@@ -213,6 +213,8 @@ class ScratchLlama(nn.Module):
         if attention_mask is not None and attention_mask.shape != (b, past + s):
             raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
                               f"not {tuple(attention_mask.shape)}.")
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(input_ids.device)  # a mask made on the CPU for ids on a GPU
         if cache is not None:
             key_mask = cache.key_mask(s, attention_mask)  # the cache keeps track of padding itself
         else:
@@ -286,7 +288,7 @@ class ScratchLlama(nn.Module):
         check_context(s, cfg.max_position_embeddings)
         if attention_mask is not None and attention_mask.shape != (b, s):
             raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
-        key_mask = None if attention_mask is None else attention_mask.bool()
+        key_mask = None if attention_mask is None else attention_mask.to(input_ids.device).bool()
         cos, sin = self.rope(self._positions(key_mask, 0, s, input_ids.device))
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         for block in self.layers[:layer]:

@@ -44,19 +44,19 @@ def test_kv_calculator(notebook_page):
     _set_number(root.locator(".la-kvcalc-users"), 1)
     _set_number(root.locator(".la-kvcalc-length"), 4096)
     expect(_row(result, "KV bytes per token")).to_contain_text(f"{PER_TOKEN:,} B", timeout=60_000)
-    expect(_row(result, "per user (4,096 tokens)")).to_contain_text(f"{PER_TOKEN * 4096 / 1e9:,.3f} GB",
-                                                                   timeout=60_000)  # 2.147 GB
+    expect(_row(result, "per user (4,096 tokens)")).to_contain_text(f"{PER_TOKEN * 4096 / 2**30:,.3f} GiB",
+                                                                   timeout=60_000)  # 2.000 GiB
     expect(result).to_contain_text("Llama-2-7B, bf16")
 
     # Ten users: ten times the memory. fp32: twice the bytes per token.
     _set_number(root.locator(".la-kvcalc-users"), 10)
-    expect(_row(result, "total (10 users)")).to_contain_text(f"{PER_TOKEN * 4096 * 10 / 1e9:,.3f} GB",
-                                                            timeout=60_000)  # 21.475 GB
+    expect(_row(result, "total (10 users)")).to_contain_text(f"{PER_TOKEN * 4096 * 10 / 2**30:,.3f} GiB",
+                                                            timeout=60_000)  # 20.000 GiB
     root.locator(".la-kvcalc-dtype select").select_option("fp32")
     expect(_row(result, "KV bytes per token")).to_contain_text(f"{2 * PER_TOKEN:,} B", timeout=60_000)
-    # A small GPU: 10 users of 4,096 tokens of a 7B model in fp32 do not fit in 16 GB.
+    # A small GPU: 10 users of 4,096 tokens of a 7B model in fp32 do not fit in 16 GiB.
     _set_number(root.locator(".la-kvcalc-memory"), 16)
-    expect(result).to_contain_text("does not fit in 16 GB", timeout=60_000)
+    expect(result).to_contain_text("does not fit in 16 GiB", timeout=60_000)
     ui.assert_error_line_empty("la-kvcalc-error")
     ui.screenshot(root, "06_kvcalc_changed")
 
@@ -68,6 +68,6 @@ def test_kv_calculator(notebook_page):
     ui.screenshot(root, "06_kvcalc_refused")
     _set_number(root.locator(".la-kvcalc-length"), 2048)
     expect(error).to_have_text("", timeout=60_000)
-    expect(_row(result, "per user (2,048 tokens)")).to_contain_text(f"{2 * PER_TOKEN * 2048 / 1e9:,.3f} GB")
+    expect(_row(result, "per user (2,048 tokens)")).to_contain_text(f"{2 * PER_TOKEN * 2048 / 2**30:,.3f} GiB")
 
     ui.assert_no_widget_errors()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from llm_anatomy.cli.bench.decode import format_table
 
@@ -37,7 +38,7 @@ def test_json_has_every_figure(quick_json):
     kv = r["kv_cache"]
     for key in ("with_cache_tokens_per_s", "without_cache_tokens_per_s", "speedup"):
         assert _positive(kv[key]), key
-    assert kv["same_tokens"] is True
+    assert kv["same_tokens"] is True and kv["first_divergence"] is None
     assert [row["prompt_tokens"] for row in r["prefill"]] == [16, 64]
     assert [row["batch"] for row in r["decode_batch"]] == [1, 4]
     for row in r["prefill"] + r["decode_batch"]:
@@ -51,3 +52,11 @@ def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
     for words in ("transformers generate", "with the cache", "speedup", "prefill:", "decode:", "of the measured bandwidth"):
         assert words in text
+
+
+def test_the_first_divergence_of_two_greedy_runs():
+    from llm_anatomy.cli.bench.decode import _first_divergence
+
+    assert _first_divergence(torch.tensor([[1, 2, 3, 4]]), torch.tensor([[1, 2, 5, 4]])) == 2
+    assert _first_divergence(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[1, 2], [3, 9]])) == 1  # any row
+    assert _first_divergence(torch.tensor([[7, 8]]), torch.tensor([[7, 8]])) is None

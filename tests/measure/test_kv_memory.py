@@ -8,7 +8,7 @@ from transformers import FalconConfig, LlamaConfig
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.kv_cache import kv_cache_bytes
-from llm_anatomy.measure.kv_memory import (FAMOUS_MODELS, GB, kv_bytes_per_token, kv_report, model_shape,
+from llm_anatomy.measure.kv_memory import (FAMOUS_MODELS, GIB, GPU_MEMORY_GIB, kv_bytes_per_token, kv_report, model_shape,
                                        users_that_fit)
 from llm_anatomy.widgets.kv_calculator import KVCalculator
 
@@ -33,17 +33,23 @@ def test_the_plain_numbers_agree_with_the_models_transformers_configs():
 
 
 def test_report_numbers():
-    r = kv_report("Llama-3-8B", length=8192, users=10, dtype="bf16", gpu_memory_gb=80)
+    r = kv_report("Llama-3-8B", length=8192, users=10, dtype="bf16", gpu_memory_gib=80)
     assert r.per_user_bytes == 131_072 * 8192 == 2**30
-    assert r.total_bytes == 10 * 2**30 and r.total_gb == pytest.approx(10.737, abs=1e-3)
+    assert r.total_bytes == 10 * 2**30 and r.total_gib == 10
     assert r.weight_bytes == int(8.03e9 * 2)
-    assert r.users_fit == int((80 * GB - r.weight_bytes) // 2**30) == 59 and r.fits
+    # an "80 GB" GPU holds 80 GiB = 85.9e9 bytes: 65 caches of 1 GiB fit beside 16.06e9 bytes of weights
+    assert r.users_fit == int((80 * 2**30 - r.weight_bytes) // 2**30) == 65 and r.fits
+
+
+def test_memory_is_counted_in_gib():
+    assert GIB == 2**30
+    assert GPU_MEMORY_GIB["A100 (80 GB)"] == 80 and GPU_MEMORY_GIB["T4 (16 GB)"] == 16
 
 
 def test_users_that_fit_after_the_weights():
-    assert users_that_fit(10, 1e-8) == 1  # 10 bytes of memory, 10 bytes per user
-    assert users_that_fit(GB, 10, weight_bytes=int(4.5 * GB)) == 5
-    assert users_that_fit(GB, 10, weight_bytes=int(11 * GB)) == 0  # the weights alone do not fit
+    assert users_that_fit(10, 10 / GIB) == 1  # 10 bytes of memory, 10 bytes per user
+    assert users_that_fit(GIB, 10, weight_bytes=int(4.5 * GIB)) == 5
+    assert users_that_fit(GIB, 10, weight_bytes=int(11 * GIB)) == 0  # the weights alone do not fit
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -55,12 +61,12 @@ def test_users_that_fit_after_the_weights():
     (dict(users=0), "at least 1"),
     (dict(users=10**9), "too large"),
     (dict(dtype="int3"), "Unknown number format"),
-    (dict(gpu_memory_gb=0), "positive"),
-    (dict(gpu_memory_gb=-8), "positive"),
-    (dict(gpu_memory_gb=1e9), "more memory"),
+    (dict(gpu_memory_gib=0), "positive"),
+    (dict(gpu_memory_gib=-8), "positive"),
+    (dict(gpu_memory_gib=1e9), "more memory"),
 ])
 def test_refused_inputs_say_what_to_do(kwargs, message):
-    args = dict(model="Llama-3-8B", length=4096, users=1, dtype="bf16", gpu_memory_gb=80) | kwargs
+    args = dict(model="Llama-3-8B", length=4096, users=1, dtype="bf16", gpu_memory_gib=80) | kwargs
     with pytest.raises(CourseError, match=message):
         kv_report(**args)
 
@@ -71,7 +77,7 @@ def test_widget_shows_the_report_and_has_css_classes():
     for part, box in [("model", w.model_box), ("length", w.length_box), ("users", w.users_box),
                       ("dtype", w.dtype_box), ("memory", w.memory_box), ("result", w.result), ("error", w.error)]:
         assert f"la-kvcalc-{part}" in box._dom_classes
-    assert "131,072 B" in w.result_text and "59" in w.result_text and w.error.text == ""
+    assert "131,072 B" in w.result_text and "65" in w.result_text and "GiB" in w.result_text and w.error.text == ""
 
 
 def test_widget_callbacks_update_in_place():
@@ -85,7 +91,7 @@ def test_widget_callbacks_update_in_place():
     w.set_dtype("fp32")
     assert "1,048,576 B" in w.result_text
     w.set_gpu_memory(141)
-    assert w.report.gpu_memory_gb == 141
+    assert w.report.gpu_memory_gib == 141 and "141 GiB" in w.result_text
 
 
 @pytest.mark.parametrize("method, value", [("set_length", 0), ("set_length", -3), ("set_length", 10**12),

@@ -143,3 +143,4 @@ def test_time_generation_gives_ttft_and_tpot(tiny_model):
     assert t.ttft_s > 0 and t.tpot_s > 0
     assert t.decode_tokens_per_s == pytest.approx(2 / t.tpot_s)
     assert t.prefill_tokens_per_s == pytest.approx(24 / t.ttft_s)
+    assert len(t.prefill_seconds) == 3 and t.ttft_s == sorted(t.prefill_seconds)[1]  # the median of the runs

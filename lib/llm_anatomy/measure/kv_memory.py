@@ -4,7 +4,9 @@ Pure functions over a small table of published model shapes, each reduced to the
 formula needs (`llm_anatomy.kv_cache.kv_bytes`). The widget in widgets/kv_calculator.py is a thin
 shell over `kv_report`.
 
-Units: bytes, and GB = 1e9 bytes (GPU memory sizes are quoted as sold, e.g. "80 GB").
+Units: bytes, and GiB = 2**30 bytes. GPUs are sold as "80 GB" and hold about 80 GiB (85.9e9 bytes), so memory
+is counted in GiB here. A server cannot give all of it to KV caches: the CUDA context, activations and the
+allocator's reserve keep some back (vLLM uses 90% of the memory by default).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from ..errors import CourseError
 from ..kv_cache import kv_bytes
 
-GB = 1e9
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ FAMOUS_MODELS: dict[str, ModelShape] = {m.name: m for m in [
     ModelShape("Llama-2-70B", "GQA", layers=80, hidden_size=8192, heads=64, kv_heads=8, parameters=69.0e9),
 ]}
 
-# GPU memory as sold, GB.
-GPU_MEMORY_GB: dict[str, float] = {
+# GPU memory, GiB: the label says "GB", and the card holds about that many GiB (a little less is usable).
+GPU_MEMORY_GIB: dict[str, float] = {
     "laptop GPU (8 GB)": 8, "T4 (16 GB)": 16, "L4 (24 GB)": 24, "A100 (40 GB)": 40, "A100 (80 GB)": 80,
     "H100 (80 GB)": 80, "H200 (141 GB)": 141,
 }
@@ -95,18 +97,18 @@ def _check_count(value, what: str, largest: int) -> int:
     return int(value)
 
 
-def _check_memory(gpu_memory_gb) -> float:
-    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, (int, float)) \
-            or not math.isfinite(gpu_memory_gb) or gpu_memory_gb <= 0:
-        raise CourseError(f"GPU memory must be a positive number of GB, not {gpu_memory_gb!r}.")
-    if gpu_memory_gb > 100_000:
-        raise CourseError(f"{gpu_memory_gb:,} GB is more memory than any GPU has: use at most 100,000 GB.")
-    return float(gpu_memory_gb)
+def _check_memory(gpu_memory_gib) -> float:
+    if isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float)) \
+            or not math.isfinite(gpu_memory_gib) or gpu_memory_gib <= 0:
+        raise CourseError(f"GPU memory must be a positive number of GiB, not {gpu_memory_gib!r}.")
+    if gpu_memory_gib > 100_000:
+        raise CourseError(f"{gpu_memory_gib:,} GiB is more memory than any GPU has: use at most 100,000 GiB.")
+    return float(gpu_memory_gib)
 
 
-def users_that_fit(per_user_bytes: int, gpu_memory_gb: float, weight_bytes: int = 0) -> int:
-    """How many sequences' KV caches fit in `gpu_memory_gb` after the weights (whole users, 0 if none)."""
-    free = _check_memory(gpu_memory_gb) * GB - weight_bytes
+def users_that_fit(per_user_bytes: int, gpu_memory_gib: float, weight_bytes: int = 0) -> int:
+    """How many sequences' KV caches fit in `gpu_memory_gib` after the weights (whole users, 0 if none)."""
+    free = _check_memory(gpu_memory_gib) * GIB - weight_bytes
     if free <= 0 or per_user_bytes <= 0:
         return 0
     return int(free // per_user_bytes)
@@ -114,13 +116,13 @@ def users_that_fit(per_user_bytes: int, gpu_memory_gb: float, weight_bytes: int 
 
 @dataclass(frozen=True)
 class KVReport:
-    """The calculator's answer. Bytes are exact integers; GB = 1e9 bytes."""
+    """The calculator's answer. Bytes are exact integers; GiB = 2**30 bytes."""
 
     model: str
     length: int
     users: int
     dtype: str
-    gpu_memory_gb: float
+    gpu_memory_gib: float
     bytes_per_token: int  # one token of one sequence
     per_user_bytes: int  # one sequence of `length` tokens
     total_bytes: int  # all users
@@ -128,21 +130,21 @@ class KVReport:
     users_fit: int  # sequences of `length` that fit beside the weights
 
     @property
-    def total_gb(self) -> float:
-        return self.total_bytes / GB
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
 
     @property
     def fits(self) -> bool:
         return self.users <= self.users_fit
 
 
-def kv_report(model: str, length: int, users: int = 1, dtype: str = "bf16", gpu_memory_gb: float = 80) -> KVReport:
+def kv_report(model: str, length: int, users: int = 1, dtype: str = "bf16", gpu_memory_gib: float = 80) -> KVReport:
     """KV cache bytes for `users` sequences of `length` tokens of a famous model, and how many fit in a GPU."""
     shape = model_shape(model)
     length = _check_count(length, "sequence length", MAX_LENGTH)
     users = _check_count(users, "number of users", MAX_USERS)
     size = bytes_per_element(dtype)
-    memory = _check_memory(gpu_memory_gb)
+    memory = _check_memory(gpu_memory_gib)
     per_token = shape.kv_bytes_per_token(size)
     weights = int(shape.parameters * size)
     return KVReport(model, length, users, dtype, memory, per_token, per_token * length, per_token * length * users,

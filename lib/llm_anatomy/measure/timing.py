@@ -6,9 +6,11 @@
   (another program, a page fault) must not set the figure.
 
 TTFT and TPOT, as the course defines them (`time_generation`):
-- TTFT, time to first token: the wall time of the prefill call that reads the whole prompt and picks the
-  first new token (tokenizing and the network are not included; a server adds queueing time before it);
-- TPOT, time per output token: the median wall time of one decode step after the first token.
+- TTFT, time to first token: the wall time of the prefill call, the whole prompt through the model and the logits
+  of its last position (the first token is their argmax, taken after the clock stops: microseconds). Tokenizing,
+  a server's queue and the network are not included; with repeats, the median of the runs' prefills;
+- TPOT, time per output token: the median wall time of one decode step after the first token, over every step
+  of every run (the median, not the mean: one stall, a page fault or another program, does not move it).
 
 Units: seconds.
 """
@@ -84,7 +86,8 @@ class GenerationTiming:
     batch: int
     ttft_s: float
     tpot_s: float
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # the last run's steps, its prefill first
+    prefill_seconds: list[float] = field(default_factory=list)  # every run's prefill (their median is ttft_s)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -115,4 +118,4 @@ def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmu
     if not steps:
         raise CourseError("Time per output token needs at least 2 new tokens.")
     return GenerationTiming(prompt_ids.shape[1], new_tokens, prompt_ids.shape[0], ttft, statistics.median(steps),
-                            runs[-1].step_seconds)
+                            runs[-1].step_seconds, [r.ttft_s for r in runs])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from ..measure.kv_memory import GB, KVReport
+from ..measure.kv_memory import GIB, KVReport
 
 
 def report_html(r: KVReport) -> str:
@@ -12,10 +12,11 @@ def report_html(r: KVReport) -> str:
     verdict = ('<b style="color:#1b7f3b">fits</b>' if r.fits else '<b style="color:#b00020">does not fit</b>')
     rows = [
         ("KV bytes per token", f"{r.bytes_per_token:,} B"),
-        (f"per user ({r.length:,} tokens)", f"{r.per_user_bytes / GB:,.3f} GB"),
-        (f"total ({r.users:,} users)", f"{r.total_gb:,.3f} GB ({verdict} in {r.gpu_memory_gb:g} GB)"),
-        ("model weights", f"{r.weight_bytes / GB:,.2f} GB"),
+        (f"per user ({r.length:,} tokens)", f"{r.per_user_bytes / GIB:,.3f} GiB"),
+        (f"total ({r.users:,} users)", f"{r.total_gib:,.3f} GiB ({verdict} in {r.gpu_memory_gib:g} GiB)"),
+        ("model weights", f"{r.weight_bytes / GIB:,.2f} GiB"),
         ("users that fit beside the weights", f"<b>{r.users_fit:,}</b>"),
     ]
     body = "".join(f"<tr><td style='padding-right:1em'>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table><small>{html.escape(r.model)}, {r.dtype}; GB = 10<sup>9</sup> bytes</small>"
+    return (f"<table>{body}</table><small>{html.escape(r.model)}, {r.dtype}; GiB = 2<sup>30</sup> bytes; a server "
+            "keeps some memory back (CUDA context, activations), so fewer users fit in practice</small>")

@@ -4,7 +4,7 @@ A thin shell over `llm_anatomy.measure.kv_memory.kv_report` and its view `llm_an
 a refused value (zero, negative, too large) is named in the error line and the last good result stays.
 
 CSS classes: root `la-kvcalc`; parts `la-kvcalc-model` (Dropdown), `la-kvcalc-length` (IntText, tokens),
-`la-kvcalc-users` (IntText), `la-kvcalc-dtype` (Dropdown), `la-kvcalc-memory` (FloatText, GB),
+`la-kvcalc-users` (IntText), `la-kvcalc-dtype` (Dropdown), `la-kvcalc-memory` (FloatText, GiB),
 `la-kvcalc-result` (HTML), `la-kvcalc-error` (the error line).
 """
 
@@ -23,7 +23,7 @@ class KVCalculator(W.VBox):
     """Model, length, users, number format and GPU memory in; cache size and users that fit out."""
 
     def __init__(self, model: str = "Llama-3-8B", length: int = 8192, users: int = 8, dtype: str = "bf16",
-                 gpu_memory_gb: float = 80.0):
+                 gpu_memory_gib: float = 80.0):
         self.model_box = W.Dropdown(options=list(FAMOUS_MODELS), value=model, description="Model")
         self.model_box.add_class("la-kvcalc-model")
         self.length_box = W.IntText(value=length, description="Length")
@@ -32,12 +32,12 @@ class KVCalculator(W.VBox):
         self.users_box.add_class("la-kvcalc-users")
         self.dtype_box = W.Dropdown(options=list(DTYPES), value=dtype, description="Format")
         self.dtype_box.add_class("la-kvcalc-dtype")
-        self.memory_box = W.FloatText(value=gpu_memory_gb, description="GPU GB")
+        self.memory_box = W.FloatText(value=gpu_memory_gib, description="GPU GiB")
         self.memory_box.add_class("la-kvcalc-memory")
         self.result = W.HTML()
         self.result.add_class("la-kvcalc-result")
         self.error = ErrorLine("la-kvcalc-error")
-        self.state = dict(model=model, length=length, users=users, dtype=dtype, gpu_memory_gb=gpu_memory_gb)
+        self.state = dict(model=model, length=length, users=users, dtype=dtype, gpu_memory_gib=gpu_memory_gib)
         self.report: KVReport | None = None
         super().__init__([W.HBox([self.model_box, self.dtype_box]), W.HBox([self.length_box, self.users_box]),
                           self.memory_box, self.error, self.result])
@@ -68,8 +68,8 @@ class KVCalculator(W.VBox):
         self._apply({"dtype": dtype})
 
     @guarded
-    def set_gpu_memory(self, gb: float) -> None:
-        self._apply({"gpu_memory_gb": gb})
+    def set_gpu_memory(self, gib: float) -> None:
+        self._apply({"gpu_memory_gib": gib})
 
     def _apply(self, change: dict) -> None:
         """Compute with the change first (raises CourseError if refused), then commit state and display."""

@@ -130,7 +130,9 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                           "with_cache_tokens_per_s": n / t_with,
                           "without_cache_tokens_per_s": n / t_without,
                           "speedup": t_without / t_with,
-                          "same_tokens": bool(torch.equal(cached.tokens, uncached.tokens))}
+                          "same_tokens": bool(torch.equal(cached.tokens, uncached.tokens)),
+                          # in 16-bit numbers the two runs add in another order: a near-tie can flip (fp32 is exact)
+                          "first_divergence": _first_divergence(cached.tokens, uncached.tokens)}
     log(f"  with the cache {n / t_with:.1f} tokens/s, without {n / t_without:.1f} tokens/s")
 
     # 3. prefill at several prompt lengths
@@ -202,6 +204,12 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     return result
 
 
+def _first_divergence(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The index of the first new token where two greedy runs `[batch, n]` differ, or None when they agree."""
+    differ = (a != b).any(dim=0).nonzero()
+    return int(differ[0]) if len(differ) else None
+
+
 def _targets(r: dict) -> dict:
     gpu = r["device"] == "cuda"
     fraction = r["bandwidth_use"]["fraction"]
@@ -236,7 +244,10 @@ def format_table(r: dict) -> str:
               f"KV cache, {kv['new_tokens']} new tokens after {kv['prompt_tokens']}:",
               f"  with the cache            {kv['with_cache_tokens_per_s']:10.1f} tokens/s",
               f"  without (recompute all)   {kv['without_cache_tokens_per_s']:10.1f} tokens/s",
-              f"  speedup                   {kv['speedup']:10.1f} x    same tokens: {kv['same_tokens']}",
+              f"  speedup                   {kv['speedup']:10.1f} x    same tokens: {kv['same_tokens']}"
+              + ("" if kv.get("first_divergence") is None else
+                 f" (first divergence at new token {kv['first_divergence']}: {r['dtype']} is not bit-exact; "
+                 "fp32 is)"),
               "",
               "prefill:   prompt tokens   tokens/s    GFLOP/s   FLOP/byte"]
     for row in r["prefill"]:

@@ -1,0 +1,112 @@
+"""What a decode step launches, what one launch costs, and the three regimes a step can be in (C11, C20).
+
+Every PyTorch op called from Python is one trip through the interpreter and the dispatcher; on a GPU most
+of them also launch a kernel. When each op has little work (one token of a small model), those trips, and
+not the arithmetic or the bytes, set the speed. Three lower bounds on the time of a step:
+
+    compute-bound:  FLOPs / peak FLOP/s
+    memory-bound:   bytes / bandwidth
+    overhead-bound: ops x the cost of dispatching (and launching) one op
+
+The largest of the three names the regime; the measured time sits at or above it.
+Units: seconds, FLOP, bytes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from ..device import synchronize, timed
+from ..errors import CourseError
+from .peaks import Peaks
+from .roofline import Work
+
+REGIMES = ("compute", "memory", "overhead")
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
+                 "cuGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+@dataclass
+class StepOps:
+    """What one call of a step did, counted by torch.profiler.
+
+    ops: aten ops called from Python (each a trip through the dispatcher; ops they call inside are not counted);
+    launches: kernel launches the CPU made (CUDA runtime calls; a replayed CUDA graph is one); 0 on a CPU;
+    kernels: kernels (and copies) that ran on the GPU; 0 on a CPU;
+    kernel_s: seconds the GPU spent running them (CUDA), 0 on a CPU;
+    by_name: the ops by name, most common first.
+    """
+
+    ops: int
+    launches: int = 0
+    kernels: int = 0
+    kernel_s: float = 0.0
+    by_name: Counter = field(default_factory=Counter)
+
+
+def _inside_aten(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def count_step_ops(fn, device: torch.device | str = "cpu") -> StepOps:
+    """Run `fn()` once to warm up, then once under torch.profiler, and count its ops, launches and kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    fn()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    events = list(prof.events())
+    top = [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
+    if not top and not cuda:
+        raise CourseError("The step called no PyTorch op: pass the step itself, e.g. lambda: decode_step(...).")
+    on_gpu = [e for e in events if e.device_type == DeviceType.CUDA]
+    launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in _LAUNCH_CALLS)
+    kernel_s = sum(e.time_range.elapsed_us() for e in on_gpu) / 1e6
+    return StepOps(len(top), launches, len(on_gpu), kernel_s, Counter(e.name for e in top))
+
+
+def dispatch_cost_s(device: torch.device | str = "cpu", calls: int = 2000) -> float:
+    """Seconds per op of the smallest op there is (adding 1 to one number), called `calls` times from Python.
+
+    That is the cost of a trip through Python and the dispatcher, plus a kernel launch on a GPU: what every
+    op of a step pays however little work it does. The device is synchronized once, at the end.
+    """
+    device = torch.device(device)
+    x = torch.zeros(1, device=device)
+    y = torch.empty_like(x)
+
+    def many():
+        for _ in range(calls):
+            torch.add(x, 1, out=y)
+
+    many()  # warm-up
+    seconds, _ = timed(many, device)
+    return seconds / calls
+
+
+def regime_times(work: Work, ops: int, peaks: Peaks, per_op_s: float) -> dict[str, float]:
+    """The three lower bounds on a step's time, seconds: compute (FLOPs / peak), memory (bytes / bandwidth),
+    overhead (ops x seconds per op)."""
+    if ops < 0 or per_op_s < 0:
+        raise CourseError(f"ops and per_op_s must be >= 0, not {ops} and {per_op_s}.")
+    return {"compute": work.flops / peaks.flops_per_s, "memory": work.bytes / peaks.bytes_per_s,
+            "overhead": ops * per_op_s}
+
+
+def regime(times: dict[str, float]) -> str:
+    """The regime a step is in: the name of the largest lower bound ('compute', 'memory' or 'overhead')."""
+    return max(REGIMES, key=lambda name: times[name])

@@ -1,0 +1,40 @@
+"""A request on a time axis: the prefill bar (time to first token), then one tick per decode step."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str | None = None):
+    """One row per request: `requests` maps a label to its step times in seconds (the first is the prefill).
+
+    The orange bar is the prefill, which ends when the first token arrives (TTFT); each later token arrives at a
+    tick, one decode step (TPOT) after the one before. The figures drawn are those of the run given (the caller's
+    TTFT and TPOT may be medians over several runs). Returns the matplotlib Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.9 + 0.7 * len(requests)))
+    for row, (label, steps) in enumerate(requests.items()):
+        ttft_ms, decode_ms = steps[0] * 1e3, [s * 1e3 for s in steps[1:]]
+        ax.barh(row, ttft_ms, height=0.5, color="tab:orange", label="prefill (until the first token)" if row == 0 else None)
+        start = ttft_ms
+        for i, ms in enumerate(decode_ms):
+            ax.barh(row, ms, left=start, height=0.5, color=("tab:blue", "lightsteelblue")[i % 2],
+                    label="decode steps (one token each)" if row == 0 and i == 0 else None)
+            start += ms
+        arrivals = [ttft_ms] + [ttft_ms + sum(decode_ms[:i + 1]) for i in range(len(decode_ms))]
+        ax.plot(arrivals, [row + 0.35] * len(arrivals), "v", color="black", ms=4,
+                label="a token arrives" if row == 0 else None)
+        gap = f", then one every {statistics.median(decode_ms):.1f} ms (median)" if decode_ms else ""
+        ax.annotate(f"first token at {ttft_ms:.0f} ms{gap}", (start, row), xytext=(6, -3),
+                    textcoords="offset points", fontsize=8)
+    ax.set_yticks(range(len(requests)), list(requests))
+    ax.set_ylim(-0.6, len(requests) - 0.2)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the request reached the model (ms)")
+    ax.set_title(title or "One request: prefill, then one decode step per token")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    ax.margins(x=0.45)
+    return ax
