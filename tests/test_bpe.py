@@ -128,6 +128,16 @@ def test_train_refuses_bad_sizes_and_text():
         BPETokenizer.train("a\ud800b", 300)
 
 
+def test_the_plain_loop_and_the_fast_trainer_learn_the_same_merges(corpus):
+    from llm_anatomy.bpe import train_fast, train_plain
+
+    for text, specials in [(corpus[:8_000], ()), (_with_specials(corpus[8_000:16_000]), SPECIALS)]:
+        plain, history = train_plain(text, 256 + len(specials) + 60, specials)
+        fast, _, fast_history = train_fast(text, 256 + len(specials) + 60, special_tokens=specials)
+        assert list(plain.items()) == list(fast.items()) and len(plain) == 60
+        assert [m.count for m in history] == [m.count for m in fast_history]
+
+
 def test_train_matches_the_tokenizers_trainer(corpus):
     """Same text, same pre-split, same tie-break: the tokenizers (Rust) trainer learns the same 1,000 merges."""
     ours = learned_merges(BPETokenizer.train(corpus, 256 + 1000))
@@ -137,7 +147,120 @@ def test_train_matches_the_tokenizers_trainer(corpus):
     assert ours[0] == (b" ", b" ")  # the docs are indented code: double spaces come first
 
 
+SPECIALS = ["<|endoftext|>", "<|pad|>"]
+
+
+def _with_specials(text: str, every: int = 700) -> str:
+    """`text` with a special token glued in every `every` characters (in the middle of words, too)."""
+    pieces = [text[i:i + every] for i in range(0, len(text), every)]
+    return "".join(p + SPECIALS[i % 2] * (1 + i % 3) for i, p in enumerate(pieces))
+
+
+def test_train_with_special_tokens_never_merges_across_or_into_them(corpus):
+    text = _with_specials(corpus[:20_000])
+    tok = BPETokenizer.train(text, 330, special_tokens=SPECIALS)
+    assert tok.vocab_size == 330 and len(tok.merges) == 330 - 256 - 2  # the special tokens count in the size
+    assert tok.special_tokens == {"<|endoftext|>": 328, "<|pad|>": 329}
+    for token_id, piece in tok.vocab.items():
+        if token_id < 328:
+            assert not any(part in piece for part in (b"<|", b"|>", b"endof", b"pad|")), piece
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and ids.count(328) == text.count("<|endoftext|>")
+    assert tok.encode("x<|pad|>y") == tok.encode("x") + [329] + tok.encode("y")
+    with pytest.raises(CourseError, match="at least 258"):
+        BPETokenizer.train(text, 257, special_tokens=SPECIALS)
+    with pytest.raises(CourseError, match="distinct"):
+        BPETokenizer.train(text, 300, special_tokens=["<|a|>", "<|a|>"])
+
+
+def test_train_with_special_tokens_matches_the_tokenizers_trainer(corpus):
+    """The tokenizers trainer, given the text between the special tokens, learns the same merges and encodes alike."""
+    from llm_anatomy.bpe import hf_trained_tokenizer
+
+    text = _with_specials(corpus[:60_000])
+    ours = BPETokenizer.train(text, 256 + 2 + 300, special_tokens=SPECIALS)
+    rust = hf_trained_tokenizer(text, 256 + 2 + 300, special_tokens=SPECIALS)
+    assert learned_merges(ours) == hf_trained_merges(text, 256 + 2 + 300, SPECIALS)
+    assert ours.vocab_size == rust.get_vocab_size() == 558
+    sample = _with_specials(corpus[100_000:110_000], every=333)
+    theirs = [s.encode() if s in SPECIALS else token_text_to_bytes(s) for s in rust.encode(sample).tokens]
+    assert [ours.token_bytes(i) for i in ours.encode(sample)] == theirs
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+STREAM_PIECES = ["def f():\n  ", "  return 1\n\n", "\n   ", "   x", " <|im_", "end|>", "y 12", "34", "   ", "\t",
+                 " ½", "x<", "|im_start|>", "", "  ", "word", "s and", " more<|endoftext", "|>"]
+
+
+@pytest.mark.integration
+def test_encode_iterable_gives_the_ids_of_the_whole_text(ours, reference, corpus):
+    whole = "".join(STREAM_PIECES)
+    expected = reference.backend_tokenizer.encode(whole, add_special_tokens=False).ids
+    assert ours.encode(whole) == expected
+    assert list(ours.encode_iterable(STREAM_PIECES)) == expected  # whitespace runs and special tokens cut in two
+    assert list(ours.encode_iterable(whole)) == expected  # one character at a time
+    lines = corpus.splitlines(keepends=True)
+    assert list(ours.encode_iterable(lines)) == reference.backend_tokenizer.encode(corpus, add_special_tokens=False).ids
+    assert list(ours.encode_iterable([])) == []
+
+
+@pytest.mark.integration
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(FRAGMENTS_FOR_STREAMS := st.sampled_from([" ", "  ", "\n", "\t", "a", " the", "7", "½", ".", "!?", "😀",
+                                                         "<|im_end|>", "<|im", "_end|>", "\r\n", "e\u0301"]),
+                max_size=30), st.randoms(use_true_random=False))
+def test_encode_iterable_matches_the_reference_however_the_text_is_cut(ours, reference, fragments, rng):
+    whole = "".join(fragments)
+    cuts = sorted(rng.sample(range(len(whole) + 1), min(len(whole) + 1, rng.randint(0, 6))))
+    pieces = [whole[a:b] for a, b in zip([0] + cuts, cuts + [len(whole)])]
+    assert list(ours.encode_iterable(pieces)) == reference(whole, add_special_tokens=False).input_ids
+
+
+@pytest.mark.integration
+def test_encode_iterable_streams_in_bounded_memory(ours):
+    import itertools
+
+    consumed = []
+
+    def endless():
+        for n, line in enumerate(itertools.cycle(["hello world\n", "    indented  code\n", "12345 <|im_end|>\n"])):
+            consumed.append(n)
+            yield line
+
+    first = list(itertools.islice(ours.encode_iterable(endless()), 20_000))  # would never return if it buffered all
+    assert len(first) == 20_000 and len(consumed) < 10_000
+    stream = ours.encode_iterable(endless())
+    next(stream)
+    assert len(consumed) - 10_000 <= 2  # the first id comes after the first line or two, not the whole input
+
+
+def test_encode_iterable_refuses_a_pre_split_that_changes_the_text():
+    from llm_anatomy.bpe_hf import splitter_from_hf
+
+    tok = BPETokenizer({}, {i: bytes([i]) for i in range(256)}, splitter=splitter_from_hf(None, {"type": "NFC"}))
+    with pytest.raises(CourseError, match="whole text at once"):
+        list(tok.encode_iterable(["a", "b"]))
+
+
 # ----------------------------------------------------------------------------- the model's tokenizer
+
+
+@pytest.mark.integration
+def test_the_model_tokenizer_isolates_every_digit_as_smollm2_does(reference):
+    """The GGUF names llama.cpp's "smollm" pre-tokenizer: digits isolated, then GPT-2's split (as on the hub)."""
+    import json
+
+    import gguf
+
+    from llm_anatomy.models.cache import GGUF_NAME, SMOLLM_PRE_TOKENIZER, cache_dir
+
+    field = gguf.GGUFReader(cache_dir() / "gguf" / GGUF_NAME).fields["tokenizer.ggml.pre"]
+    assert field.contents() == "smollm"
+    assert json.loads(reference.backend_tokenizer.to_str())["pre_tokenizer"] == SMOLLM_PRE_TOKENIZER
+    pieces = [p for p, _ in reference.backend_tokenizer.pre_tokenizer.pre_tokenize_str(" 2024 x\u00b2 \u00bd")]
+    assert pieces == ["\u0120", "2", "0", "2", "4", "\u0120x", "\u00c2\u00b2", "\u0120", "\u00c2\u00bd"]
 
 
 @pytest.mark.integration

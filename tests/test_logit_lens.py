@@ -42,3 +42,20 @@ def test_the_real_model_forms_paris_in_its_later_layers(real):
     assert len(rows) == 31 and rows[-1].top_token == " Paris"
     assert rows[0].target_rank > 0  # the embedding alone does not predict it
     assert rows[-1].target_probability > rows[5].target_probability
+
+
+def test_the_lens_grid_reads_every_layer_at_every_position():
+    from llm_anatomy.logit_lens import lens_grid
+
+    model = ScratchLlama.from_hf(tiny_llama())
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(2))
+    grid = lens_grid(model, ids)
+    assert grid.top_probabilities.shape == (3, 7) and len(grid.top_tokens) == 3 and len(grid.top_tokens[0]) == 7
+    out = model.trace(ids)
+    for position in (0, 3, 6):
+        probs = torch.softmax(lens_logits(out.hidden_states, model.norm, model.lm_head, position)[:, 0], dim=-1)
+        assert torch.allclose(grid.top_probabilities[:, position], probs.max(-1).values, atol=1e-6)
+        assert [row[position] for row in grid.top_tokens] == [str(int(i)) for i in probs.argmax(-1)]
+    assert grid.top_tokens[-1] == [str(int(i)) for i in out.logits[0].argmax(-1)]  # the last row is the model
+    with pytest.raises(CourseError, match="at most 4 positions"):
+        lens_grid(model, ids, max_tokens=4)

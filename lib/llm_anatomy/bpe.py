@@ -8,8 +8,9 @@ Text is turned into tokens in four steps:
 4. merges are applied, lowest rank (learned earliest) first, until none applies.
 
 ``BPETokenizer.train`` learns the merges from a corpus (bpe_train.py: count adjacent pairs, merge the
-most frequent, repeat). ``BPETokenizer.from_hf`` reads the merges and vocabulary of a transformers
-tokenizer (bpe_hf.py), and then ``encode`` gives exactly the ids that tokenizer gives.
+most frequent, repeat), never across or into a special token. ``BPETokenizer.from_hf`` reads the merges and
+vocabulary of a transformers tokenizer (bpe_hf.py), and then ``encode`` gives exactly the ids that tokenizer
+gives; ``encode_iterable`` gives the same ids for a text that arrives in pieces (a file read line by line).
 
 Internally a tokenizer is three tables:
     byte_ids[b]           the id of the one-byte token for byte b (0..255)
@@ -19,14 +20,15 @@ Internally a tokenizer is three tables:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import regex
-
 from .bpe_hf import tables_from_hf
-from .bpe_train import LearnedMerge, hf_trained_merges, merge, pair_counts, train_fast, train_plain  # noqa: F401
+from .bpe_train import (LearnedMerge, hf_trained_merges, hf_trained_tokenizer, merge, most_frequent,  # noqa: F401
+                        pair_counts, tie_break_order, train_fast, train_plain)
 from .errors import CourseError
-from .pretokenize import GPT2_SPLIT_PATTERN, PreSplitter, bytes_to_unicode, token_text_to_bytes, utf8_bytes  # noqa: F401
+from .pretokenize import (GPT2_SPLIT_PATTERN, PreSplitter, bytes_to_unicode, special_token_pattern,  # noqa: F401
+                          split_special, token_text_to_bytes, utf8_bytes)
 
 _CACHE_LIMIT = 200_000  # chunk -> ids entries kept by encode() before the cache is emptied
 
@@ -65,10 +67,7 @@ class BPETokenizer:
         self.ignore_merges = ignore_merges  # Llama-3 style: a chunk that is a whole vocabulary entry is one token
         self.history: list[LearnedMerge] = []  # filled by train()
         self._bytes_to_id = {b: i for i, b in self.vocab.items()} if ignore_merges else {}
-        self._special_pattern = None
-        if self.special_tokens:  # longest first, so that at one position the longest token wins
-            alternatives = sorted(self.special_tokens, key=len, reverse=True)
-            self._special_pattern = regex.compile("|".join(regex.escape(s) for s in alternatives))
+        self._special_pattern = special_token_pattern(self.special_tokens)
         self._special_ids = {i: s for s, i in self.special_tokens.items()}
         self._cache: dict[str, list[int]] = {}
 
@@ -83,8 +82,8 @@ class BPETokenizer:
     # ------------------------------------------------------------------ training
 
     @classmethod
-    def train(cls, text: str, vocab_size: int, verbose: bool = False) -> BPETokenizer:
-        """Learn `vocab_size - 256` merges from `text` with GPT-2's pre-split; returns the tokenizer.
+    def train(cls, text: str, vocab_size: int, verbose: bool = False, special_tokens=()) -> BPETokenizer:
+        """Learn `vocab_size - 256 - len(special_tokens)` merges from `text` with GPT-2's pre-split.
 
         Each step merges the most frequent adjacent pair of tokens, counted inside the pre-split chunks
         (never across them). Ties go to the pair whose left token is older, then whose right token is
@@ -93,9 +92,14 @@ class BPETokenizer:
         the tokenizers library's trainer uses, so both learn the same merges from the same text. Training
         stops early if no pair is left. `tokenizer.history` lists every merge with its count.
         The work is done by `bpe_train.train_fast`, which gives the same merges as the plain loop `train_plain`.
+        special_tokens (such as "<|endoftext|>") are cut out of the text before counting, so no merge crosses or
+        enters one; they count in `vocab_size` and take the ids after the merges.
         """
-        merges, vocab, history = train_fast(text, vocab_size, verbose)
-        tokenizer = cls(merges, vocab)
+        special_tokens = list(special_tokens)
+        merges, vocab, history = train_fast(text, vocab_size, verbose, special_tokens)
+        specials = {s: len(vocab) + i for i, s in enumerate(special_tokens)}
+        vocab.update({i: s.encode("utf-8") for s, i in specials.items()})
+        tokenizer = cls(merges, vocab, special_tokens=specials)
         tokenizer.history = history
         return tokenizer
 
@@ -143,17 +147,7 @@ class BPETokenizer:
 
     def split_special(self, text: str) -> list[tuple[str, bool]]:
         """`text` cut into (piece, is_special) parts: each special token whole, the ordinary text between."""
-        if not self._special_pattern:
-            return [(text, False)] if text else []
-        parts, start = [], 0
-        for m in self._special_pattern.finditer(text):
-            if m.start() > start:
-                parts.append((text[start:m.start()], False))
-            parts.append((m.group(), True))
-            start = m.end()
-        if start < len(text):
-            parts.append((text[start:], False))
-        return parts
+        return split_special(text, self._special_pattern)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens in the text become their own ids (as the reference does)."""
@@ -165,6 +159,43 @@ class BPETokenizer:
             else:
                 out.extend(self.encode_ordinary(piece))
         return out
+
+    def encode_iterable(self, texts: Iterable[str]) -> Iterator[int]:
+        """The ids of the texts joined (the lines of a file, say), yielded as soon as they are final.
+
+        Exactly `encode("".join(texts))`, in bounded memory: only the unfinished end of the text waits for the
+        next piece, that is its last pre-split chunk (a word or a run of whitespace may go on) and any start of
+        a special token. The chunks before it are encoded as the pre-split of the text so far cut them: cut
+        apart and encoded alone, "\r" + "\n" would pre-split differently. Needs a pre-split whose chunks add up
+        to the text (no normalizer, no added prefix space).
+        """
+        if self.splitter.normalize or any(callable(step) for step in self.splitter.steps):
+            raise CourseError("encode_iterable needs a pre-split whose chunks add up to the text (this one normalizes "
+                              "or adds a prefix space): encode the whole text at once instead.")
+        pending = ""
+        for text in texts:
+            utf8_bytes(text)
+            pending += text
+            hold = len(pending) - self._special_tail(pending)
+            pieces = [(chunk, special) for piece, special in self.split_special(pending[:hold])
+                      for chunk in ([piece] if special else self.splitter(piece))]
+            keep = pending[hold:]
+            if pieces and not pieces[-1][1]:  # the last ordinary chunk may go on in the next text
+                keep = pieces.pop()[0] + keep
+            for piece, special in pieces:
+                yield from [self.special_tokens[piece]] if special else self._encode_chunk(piece)
+            pending = keep
+        yield from self.encode(pending)
+
+    def _special_tail(self, text: str) -> int:
+        """The length of the longest end of `text` that could be the start of a special token."""
+        longest = 0
+        for special in self.special_tokens:
+            for k in range(min(len(special), len(text)), longest, -1):
+                if text.endswith(special[:k]):
+                    longest = k
+                    break
+        return longest
 
     def chunks(self, text: str) -> list[str]:
         """The pre-split chunks of `text` (special tokens kept whole); merges never cross between them."""

@@ -3,7 +3,8 @@
 `pair_counts` and `merge` are the whole algorithm; `train_plain` is it written as a plain loop, to read.
 `train_fast` learns exactly the same merges, fast enough for a real corpus: it counts each distinct
 chunk once (weighted by how often it occurs), keeps the pair counts in a heap, and after a merge
-recounts only the chunks that held the merged pair.
+recounts only the chunks that held the merged pair. Special tokens are cut out of the text first, so
+no merge crosses or enters one; they count in the vocabulary size.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import heapq
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .errors import CourseError
-from .pretokenize import PreSplitter, bytes_to_unicode, token_text_to_bytes, utf8_bytes
+from .pretokenize import (PreSplitter, bytes_to_unicode, special_token_pattern, split_special, token_text_to_bytes,
+                          utf8_bytes)
 
 
 def pair_counts(ids: list[int], counts: dict | None = None, weight: int = 1) -> dict:
@@ -48,49 +51,64 @@ class LearnedMerge:
     count: int
 
 
+@lru_cache(maxsize=1)
 def tie_break_order() -> dict[int, int]:
     """Byte -> its place among the 256 bytes when sorted by their GPT-2 characters (printable bytes first)."""
     chars = bytes_to_unicode()
     return {b: place for place, b in enumerate(sorted(range(256), key=lambda b: chars[b]))}
 
 
+def most_frequent(counts: dict[tuple[int, int], int]) -> tuple[int, int]:
+    """The pair with the highest count. Among equally frequent pairs: the one whose left token is older, then whose
+    right token is older (bytes before merged tokens, bytes in `tie_break_order`), as the tokenizers library does."""
+    order = tie_break_order()
+    return max(counts, key=lambda p: (counts[p], [-order.get(t, t) for t in p]))
 
-def _check_vocab_size(vocab_size) -> None:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256:
-        raise CourseError(f"vocab_size must be an int of at least 256 (one token per byte), not {vocab_size!r}.")
 
 
-def train_plain(text: str, vocab_size: int) -> tuple[dict[tuple[int, int], int], list[LearnedMerge]]:
+def _check_vocab_size(vocab_size, special_tokens=()) -> None:
+    least = 256 + len(special_tokens)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < least:
+        raise CourseError(f"vocab_size must be an int of at least {least} (one token per byte"
+                          f"{', plus the special tokens' if special_tokens else ''}), not {vocab_size!r}.")
+
+
+def training_chunks(text: str, special_tokens=()) -> list[str]:
+    """The chunks training counts pairs in: special tokens cut out first (so no merge crosses or enters one),
+    then GPT-2's pre-split of the ordinary text between them."""
+    utf8_bytes(text)  # refuse text that has no UTF-8 form
+    pattern, splitter = special_token_pattern(special_tokens), PreSplitter()
+    return [chunk for piece, special in split_special(text, pattern) if not special for chunk in splitter(piece)]
+
+
+def train_plain(text: str, vocab_size: int, special_tokens=()) -> tuple[dict[tuple[int, int], int], list[LearnedMerge]]:
     """The plain training loop (as in minbpe), on GPT-2's pre-split chunks: (merges, history).
 
     Every step recounts every pair of every chunk: easy to read, slow on a large text (use train_fast).
-    Ties between equally frequent pairs go by `tie_break_order`, as in train_fast and the tokenizers library.
+    Ties between equally frequent pairs go by `most_frequent`, as in train_fast and the tokenizers library.
+    The special tokens count in `vocab_size` (they take the last ids), so there are vocab_size - 256 - len(them) merges.
     """
-    _check_vocab_size(vocab_size)
-    utf8_bytes(text)
-    chunks = [list(chunk.encode("utf-8")) for chunk in PreSplitter()(text)]
-    order = tie_break_order()
+    _check_vocab_size(vocab_size, special_tokens)
+    chunks = [list(chunk.encode("utf-8")) for chunk in training_chunks(text, special_tokens)]
     merges: dict[tuple[int, int], int] = {}
     history = []
-    for new_id in range(256, vocab_size):
+    for new_id in range(256, vocab_size - len(special_tokens)):
         counts: dict[tuple[int, int], int] = {}
         for ids in chunks:
             pair_counts(ids, counts)
         if not counts:
             break  # every chunk is a single token: nothing left to merge
-        best = max(counts, key=lambda p: (counts[p], [-order.get(t, t) for t in p]))
+        best = most_frequent(counts)
         merges[best] = new_id
         history.append(LearnedMerge(best[0], best[1], new_id, counts[best]))
         chunks = [merge(ids, best, new_id) for ids in chunks]
     return merges, history
 
 
-def train_fast(text: str, vocab_size: int, verbose: bool = False):
+def train_fast(text: str, vocab_size: int, verbose: bool = False, special_tokens=()):
     """The same merges as train_plain, fast: (merges, vocab, history). See the module docstring for how."""
-    _check_vocab_size(vocab_size)
-    utf8_bytes(text)  # refuse text that has no UTF-8 form
-    splitter = PreSplitter()
-    chunk_freq = Counter(splitter(text))
+    _check_vocab_size(vocab_size, special_tokens)
+    chunk_freq = Counter(training_chunks(text, special_tokens))
     words = [list(chunk.encode("utf-8")) for chunk in chunk_freq]
     freqs = list(chunk_freq.values())
 
@@ -113,7 +131,7 @@ def train_fast(text: str, vocab_size: int, verbose: bool = False):
     vocab = {i: bytes([i]) for i in range(256)}
     merges: dict[tuple[int, int], int] = {}
     history = []
-    for new_id in range(256, vocab_size):
+    for new_id in range(256, vocab_size - len(special_tokens)):
         best = None
         while heap:
             neg, _, pair = heapq.heappop(heap)
@@ -153,11 +171,11 @@ def train_fast(text: str, vocab_size: int, verbose: bool = False):
     return merges, vocab, history
 
 
-def hf_trained_merges(text: str, vocab_size: int) -> list[tuple[bytes, bytes]]:
-    """The merges (as byte pairs, in order) that the tokenizers library's BPE trainer learns from `text`.
+def hf_trained_tokenizer(text: str, vocab_size: int, special_tokens=()):
+    """The tokenizers library's BPE trainer on `text`: the reference for our `train` (a tokenizers.Tokenizer).
 
-    The reference for our `train`: same GPT-2 pre-split (ByteLevel), all 256 bytes as the start alphabet,
-    no special tokens, so its vocabulary has the same size as ours.
+    Same GPT-2 pre-split (ByteLevel), all 256 bytes as the start alphabet, the special tokens counted in the
+    vocabulary. Its trainer would count pairs inside special-token text, so it gets the text between them.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -165,8 +183,15 @@ def hf_trained_merges(text: str, vocab_size: int) -> list[tuple[bytes, bytes]]:
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=0, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    hf.train_from_iterator([text], trainer=trainer)
-    merges = json.loads(hf.to_str())["model"]["merges"]
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=list(special_tokens))
+    pieces = [piece for piece, special in split_special(text, special_token_pattern(special_tokens)) if not special]
+    hf.train_from_iterator(pieces, trainer=trainer)
+    return hf
+
+
+def hf_trained_merges(text: str, vocab_size: int, special_tokens=()) -> list[tuple[bytes, bytes]]:
+    """The merges (as byte pairs, in order) that the tokenizers library's BPE trainer learns from `text`."""
+    merges = json.loads(hf_trained_tokenizer(text, vocab_size, special_tokens).to_str())["model"]["merges"]
     pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in merges]
     return [(token_text_to_bytes(a), token_text_to_bytes(b)) for a, b in pairs]

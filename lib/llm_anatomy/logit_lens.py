@@ -56,3 +56,28 @@ def logit_lens(model, input_ids: torch.Tensor, tokenizer=None, position: int = -
         text = tokenizer.decode([top]) if tokenizer is not None else str(top)
         rows.append(LensRow(layer, text, float(p[top]), float(p[target]), rank))
     return rows
+
+
+@dataclass
+class LensGrid:
+    top_tokens: list[list[str]]  # [layers + 1][seq]: the lens's most likely next token after each block, per position
+    top_probabilities: torch.Tensor  # [layers + 1, seq]: its probability, 0-1 (on the CPU)
+
+
+def lens_grid(model, input_ids: torch.Tensor, tokenizer=None, hidden_states=None, max_tokens: int = 64) -> LensGrid:
+    """The logit lens at every layer and every position of batch 0 of a ScratchLlama.
+
+    hidden_states: the residual streams of `model.trace(input_ids)`, when already computed.
+    Computes `[layers + 1, seq, vocab]` probabilities at once, so the prompt is limited to `max_tokens`.
+    """
+    if input_ids.shape[-1] > max_tokens:
+        raise CourseError(f"The lens grid reads at most {max_tokens} positions, not {input_ids.shape[-1]}: "
+                          "use a shorter prompt (or logit_lens for one position).")
+    if hidden_states is None:
+        hidden_states = model.trace(input_ids, keep_hidden=True).hidden_states
+    with torch.no_grad():
+        stream = torch.stack([h[0] for h in hidden_states])  # [layers + 1, seq, hidden]
+        probs = torch.softmax(model.lm_head(model.norm(stream)).float(), dim=-1)  # [layers + 1, seq, vocab]
+        top_p, top_id = probs.max(dim=-1)
+    decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    return LensGrid([[decode(int(i)) for i in row] for row in top_id.tolist()], top_p.cpu())

@@ -71,6 +71,30 @@ def utf8_bytes(text: str) -> bytes:
                           "character and has no UTF-8 bytes: remove it or pair it.") from None
 
 
+def special_token_pattern(special_tokens) -> regex.Pattern | None:
+    """A pattern that finds any of `special_tokens` (longest first, so the longest wins at one position)."""
+    tokens = list(special_tokens)
+    if any(not isinstance(s, str) or not s for s in tokens) or len(set(tokens)) != len(tokens):
+        raise CourseError(f"special tokens must be distinct, non-empty strings, not {tokens!r}.")
+    if not tokens:
+        return None
+    return regex.compile("|".join(regex.escape(s) for s in sorted(tokens, key=len, reverse=True)))
+
+
+def split_special(text: str, pattern: regex.Pattern | None) -> list[tuple[str, bool]]:
+    """`text` cut into (piece, is_special) parts: each special token whole, the ordinary text between."""
+    if pattern is None:
+        return [(text, False)] if text else []
+    parts, start = [], 0
+    for m in pattern.finditer(text):
+        if m.start() > start:
+            parts.append((text[start:m.start()], False))
+        parts.append((m.group(), True))
+        start = m.end()
+    if start < len(text):
+        parts.append((text[start:], False))
+    return parts
+
 
 def _isolate(pieces: list[str], pattern: regex.Pattern) -> list[str]:
     """Split each piece so that every match of `pattern` is a piece of its own (Isolated)."""

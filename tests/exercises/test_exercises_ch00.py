@@ -1,27 +1,38 @@
-"""Notebook 00's exercise checks: the solutions pass, typical wrong answers fail with a helpful hint."""
+"""Notebook 00's exercise checks: the solutions pass, typical wrong answers fail with a specific message."""
 
 from __future__ import annotations
 
-from exercise_helpers import load_solutions
+from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch00
+from llm_anatomy.exercises import ch00, hint, reset_hints
 
 solutions = load_solutions("ch00")
 
 
-def test_chapter_00_parameter_count():
-    assert ch00.check_parameter_count(135).passed
-    assert "millions" in ch00.check_parameter_count(134_515_008).message
-    assert "off" in ch00.check_parameter_count(100).message
-    assert "number" in ch00.check_parameter_count("135").message
-    assert not ch00.check_parameter_count(None).passed
+def test_count_parameters_on_the_toy():
+    assert ch00.check_count_parameters(solutions.count_parameters).passed
+    twice = lambda m: sum(t.numel() for t in m.state_dict().values())  # noqa: E731  (the tied table twice)
+    not_yet(ch00.check_count_parameters(twice), "twice", "tied")
+    not_yet(ch00.check_count_parameters(lambda m: 135), "60 numbers")
+    not_yet(ch00.check_count_parameters(lambda m: 60.0), "whole number")
+    not_yet(ch00.check_count_parameters(unattempted), "not attempted")
+    not_yet(ch00.check_count_parameters(None), "define a function")
 
 
-def test_chapter_00_eos_token(real):
-    assert ch00.check_eos_token("<|im_end|>", real.tokenizer).passed
-    assert not ch00.check_eos_token("</s>", real.tokenizer).passed
+def test_count_parameters_on_the_real_model(real):
+    verdict = ch00.check_count_parameters(solutions.count_parameters, real)
+    assert verdict.passed and "134,515,008" in verdict.message, verdict.message
 
 
-def test_chapter_00_solutions_pass(real):
-    assert ch00.check_parameter_count(round(solutions.parameter_count_millions(real)), real).passed
+def test_eos_token(real):
     assert ch00.check_eos_token(solutions.eos_token(real.tokenizer), real.tokenizer).passed
+    not_yet(ch00.check_eos_token("</s>", real.tokenizer), "closes every turn")
+    not_yet(ch00.check_eos_token("<|im_start|>", real.tokenizer), "opens a turn")
+    not_yet(ch00.check_eos_token(None, real.tokenizer), "string")
+
+
+def test_hints_start_with_a_nudge():
+    for check in (ch00.check_count_parameters, ch00.check_eos_token):
+        reset_hints()
+        assert hint(check).total == 3 and "return" not in hint(check).shown[0]
+    reset_hints()

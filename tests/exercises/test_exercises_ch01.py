@@ -1,89 +1,161 @@
-"""Notebook 01's exercise checks: the solutions pass, typical wrong answers fail with a helpful hint."""
+"""Notebook 01's exercise checks: the solutions pass, typical wrong answers fail with a specific message."""
 
 from __future__ import annotations
 
 import pytest
+import regex
 
-from exercise_helpers import load_solutions
+from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch01
+from llm_anatomy import bpe
+from llm_anatomy.exercises import ch01, hint, reset_hints
 
 solutions = load_solutions("ch01")
 
 
-@pytest.fixture(scope="module")
-def reference():
-    from transformers import AutoTokenizer
-
-    from llm_anatomy.models import fetch_default_model
-
-    return AutoTokenizer.from_pretrained(fetch_default_model())
+# --------------------------------------------------------------------------- 1.1 the training loop
 
 
-def test_merge_solution_passes():
-    verdict = ch01.check_merge(solutions.merge)
+def test_the_training_loop_solution_passes_and_equals_the_library():
+    verdict = ch01.check_train(solutions.train)
     assert verdict.passed, verdict.message
+    merges, _ = bpe.train_plain(ch01.HELD_BACK, 256 + 40)
+    assert solutions.train(ch01.HELD_BACK, 256 + 40) == merges
 
 
-def test_merge_solution_agrees_with_the_library():
-    from llm_anatomy.bpe import merge
+def _flattened(text, vocab_size):  # counts pairs across chunk boundaries
+    ids, merges = list(text.encode("utf-8")), {}
+    for new_id in range(256, vocab_size):
+        best = bpe.most_frequent(bpe.pair_counts(ids))
+        merges[best] = new_id
+        ids = bpe.merge(ids, best, new_id)
+    return merges
 
-    for ids, pair in [([1, 1, 1, 2, 1, 1], (1, 1)), ([3, 4, 3, 4, 3], (4, 3)), ([], (1, 2))]:
-        assert solutions.merge(ids, pair, 50) == merge(ids, pair, 50)
+
+def _counts_once(text, vocab_size):  # never recounts: takes the top pairs of the first count
+    counts = {}
+    for chunk in bpe.PreSplitter()(text):
+        bpe.pair_counts(list(chunk.encode("utf-8")), counts)
+    top = sorted(counts, key=lambda p: -counts[p])[:vocab_size - 256]
+    return {pair: 256 + i for i, pair in enumerate(top)}
 
 
-def test_merge_wrong_answers_get_hints():
-    def overlapping(ids, pair, new_id):  # forgets to skip the second id of a merged pair
-        out = []
-        for i, x in enumerate(ids):
-            if i + 1 < len(ids) and (x, ids[i + 1]) == pair:
-                out.append(new_id)
-            elif not (i > 0 and (ids[i - 1], x) == pair):
-                out.append(x)
-        return out
+def _plain_max(text, vocab_size):  # the loop is right, ties broken by dict order
+    chunks = [list(c.encode("utf-8")) for c in bpe.PreSplitter()(text)]
+    merges = {}
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids in chunks:
+            bpe.pair_counts(ids, counts)
+        best = max(counts, key=counts.get)
+        merges[best] = new_id
+        chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+    return merges
 
-    def misses_the_end(ids, pair, new_id):
-        out, i = [], 0
+
+def test_the_training_loop_mistakes_get_specific_messages():
+    not_yet(ch01.check_train(_flattened), "across two chunks", "PreSplitter")
+    not_yet(ch01.check_train(_counts_once), "count the pairs again after every merge")
+    not_yet(ch01.check_train(_plain_max), "break ties", "most_frequent")
+    not_yet(ch01.check_train(lambda text, n: {p: i + 1000 for p, i in solutions.train(text, n).items()}), "256, 257")
+    not_yet(ch01.check_train(lambda text, n: dict(list(solutions.train(text, n).items())[:5])), "expected 40")
+    not_yet(ch01.check_train(unattempted), "not attempted")
+    not_yet(ch01.check_train(None), "define a function")
+    not_yet(ch01.check_train(lambda text, n: "merges"), "dict")
+
+
+def test_the_training_loop_check_refuses_the_library_trainer():
+    def shortcut(text, vocab_size):
+        return bpe.train_plain(text, vocab_size)[0]
+
+    def shortcut_class(text, vocab_size):
+        return bpe.BPETokenizer.train(text, vocab_size).merges
+
+    not_yet(ch01.check_train(shortcut), "don't call", "train_plain")
+    not_yet(ch01.check_train(shortcut_class), "don't call", "train")
+    assert bpe.train_plain("abab", 257)[0] == {(97, 98): 256}  # restored afterwards
+
+
+# --------------------------------------------------------------------------- 1.2 encoding by rank
+
+
+def test_encode_chunk_solution_passes_with_crafted_and_real_merges(ours):
+    assert ch01.check_encode_chunk(solutions.encode_chunk).passed
+    verdict = ch01.check_encode_chunk(solutions.encode_chunk, ours)
+    assert verdict.passed and "SmolLM2" in verdict.message, verdict.message
+
+
+def test_encode_chunk_mistakes_get_specific_messages(ours):
+    def leftmost(ids, merges):
+        i = 0
         while i < len(ids) - 1:
-            if (ids[i], ids[i + 1]) == pair:
-                out.append(new_id)
-                i += 2
+            if (ids[i], ids[i + 1]) in merges:
+                ids = ids[:i] + [merges[(ids[i], ids[i + 1])]] + ids[i + 2:]
+                i = 0
             else:
-                out.append(ids[i])
                 i += 1
-        return out + ids[i:] if i == len(ids) - 1 else out
+        return ids
 
-    def in_place(ids, pair, new_id):
-        result = solutions.merge(ids, pair, new_id)
-        ids[:] = result
-        return result
+    def one_round(ids, merges):
+        ranks = {p: r for r, p in enumerate(merges)}
+        pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, float("inf")), default=None)
+        return bpe.merge(ids, pair, merges[pair]) if pair in ranks else ids
 
-    def not_attempted(ids, pair, new_id):
-        raise NotImplementedError
+    def first_only(ids, merges):
+        ranks = {p: r for r, p in enumerate(merges)}
+        while len(ids) > 1:
+            i = min(range(len(ids) - 1), key=lambda j: ranks.get((ids[j], ids[j + 1]), float("inf")))
+            if (ids[i], ids[i + 1]) not in ranks:
+                break
+            ids = ids[:i] + [merges[(ids[i], ids[i + 1])]] + ids[i + 2:]
+            if ids[:2] == [300, 97]:
+                return ids  # merges only the first occurrence of 'ab' in 'abab'
+        return ids
 
-    assert "[8, 7]" in ch01.check_merge(overlapping).message
-    assert "a new one" in ch01.check_merge(in_place).message
-    assert "not attempted" in ch01.check_merge(not_attempted).message
-    assert "function" in ch01.check_merge(None).message
-    assert "list" in ch01.check_merge(lambda ids, pair, new_id: tuple(ids)).message
-    assert ch01.check_merge(misses_the_end).passed  # a correct variant passes too
-
-
-@pytest.mark.integration
-def test_token_count(reference):
-    answer = solutions.token_count(reference, ch01.COUNT_TEXT)
-    assert ch01.check_token_count(answer, reference).passed
-    assert "words" in ch01.check_token_count(len(ch01.COUNT_TEXT.split()), reference).message
-    assert "characters" in ch01.check_token_count(len(ch01.COUNT_TEXT), reference).message
-    assert "Hint" in ch01.check_token_count(answer + 1, reference).message
-    assert "whole number" in ch01.check_token_count("9", reference).message
-    assert not ch01.check_token_count(None, reference).passed
+    not_yet(ch01.check_encode_chunk(leftmost), "lowest-ranked pair first")
+    not_yet(ch01.check_encode_chunk(one_round), "keep merging")
+    not_yet(ch01.check_encode_chunk(first_only), "every occurrence")
+    not_yet(ch01.check_encode_chunk(lambda ids, merges: tuple(ids)), "list")
+    not_yet(ch01.check_encode_chunk(unattempted), "not attempted")
+    not_yet(ch01.check_encode_chunk(lambda ids, merges: ours.encode(bytes(ids).decode("latin-1"))), "don't call")
 
 
-@pytest.mark.integration
-def test_number_tokens(reference):
-    answer = solutions.number_tokens(reference, ch01.NUMBER)
-    assert answer == len(ch01.NUMBER)  # one token per digit in SmolLM2
-    assert ch01.check_number_tokens(answer, reference).passed
-    assert not ch01.check_number_tokens(2, reference).passed
-    assert not ch01.check_number_tokens(None, reference).passed
+# --------------------------------------------------------------------------- 1.3 SmolLM2's pre-split
+
+
+def test_pre_split_solution_passes_and_equals_the_model(reference_tokenizer):
+    assert ch01.check_pre_split(solutions.pre_split).passed
+    from llm_anatomy.pretokenize import bytes_to_unicode
+
+    to_char = bytes_to_unicode()
+    for text in ["In 2024, 3.5% of 1,000 users", " ½ cup, ٣ apples, x²", "Room 101 \n\n  x"]:
+        model = [p for p, _ in reference_tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+        assert ["".join(to_char[b] for b in c.encode()) for c in solutions.pre_split(text)] == model
+
+
+def test_pre_split_mistakes_get_specific_messages():
+    not_yet(ch01.check_pre_split(lambda text: bpe.PreSplitter()(text)), "isolates every digit",
+            "not a missing merge")
+    ascii_digits = lambda text: [c for p in regex.split(r"([0-9])", text) if p for c in bpe.PreSplitter()(p)]  # noqa: E731
+    not_yet(ch01.check_pre_split(ascii_digits), "any Unicode number")
+    not_yet(ch01.check_pre_split(lambda text: [p for p in regex.split(r"(\p{N})", text) if p]), "should give")
+    not_yet(ch01.check_pre_split(lambda text: text.split()), "add up to the text")
+    not_yet(ch01.check_pre_split(unattempted), "not attempted")
+
+
+def test_the_digits_message_names_the_pre_tokenizer_not_a_missing_merge():
+    message = ch01.check_pre_split(lambda text: bpe.PreSplitter()(text)).message
+    assert "not because a merge is missing" not in message and "That, not a missing merge" in message
+
+
+# --------------------------------------------------------------------------- hints
+
+
+@pytest.mark.parametrize("check", [ch01.check_train, ch01.check_encode_chunk, ch01.check_pre_split])
+def test_every_check_has_three_hints_from_nudge_to_outline(check):
+    reset_hints()
+    first = hint(check)
+    assert len(first.shown) == 1 and first.total == 3
+    assert "for " not in first.shown[0] and "return" not in first.shown[0]  # a nudge, not the code
+    assert len(hint(check).shown) == 2 and "last hint" in str(hint(check))
+    reset_hints()

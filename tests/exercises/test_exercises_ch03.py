@@ -1,36 +1,63 @@
-"""Notebook 03's exercise checks: the solutions pass, typical wrong answers fail with a helpful hint."""
+"""Notebook 03's exercise checks: the solutions pass, typical wrong answers fail with a specific message."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from exercise_helpers import load_solutions, not_yet as _not_yet, unattempted as _unattempted
+from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch03
+from llm_anatomy import attention as attention_module
+from llm_anatomy.exercises import ch03, hint, reset_hints
 
 solutions = load_solutions("ch03")
 
 
-def test_causal_mask():
-    assert ch03.check_causal_mask(solutions.mask).passed
-    _not_yet(ch03.check_causal_mask(lambda n: torch.ones(n, n, dtype=torch.bool).triu()), "other triangle")
-    _not_yet(ch03.check_causal_mask(lambda n: torch.ones(n, n).tril()), "torch.bool")
-    _not_yet(ch03.check_causal_mask(lambda n: torch.ones(n, n, dtype=torch.bool)), "tril")
-    _not_yet(ch03.check_causal_mask(_unattempted), "not attempted")
+def test_solutions_pass():
+    for verdict in (ch03.check_one_head(solutions.attend), ch03.check_expand_kv(solutions.expand_kv)):
+        assert verdict.passed, verdict.message
 
 
-def test_one_head():
-    assert ch03.check_one_head(solutions.attend).passed
+def _masked(q, k, fill=float("-inf")):
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    return scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), fill)
+
+
+def test_one_head_mistakes_get_specific_messages():
     no_mask = lambda q, k, v: torch.softmax(q @ k.T / q.shape[-1] ** 0.5, -1) @ v  # noqa: E731
-    _not_yet(ch03.check_one_head(no_mask), "causal mask")
-    unscaled = lambda q, k, v: torch.softmax((q @ k.T).masked_fill(~solutions.mask(len(q)), float("-inf")), -1) @ v  # noqa: E731
-    _not_yet(ch03.check_one_head(unscaled), "sqrt(head_dim)")
-    _not_yet(ch03.check_one_head(lambda q, k, v: q), "softmax")
-    _not_yet(ch03.check_one_head(lambda q, k, v: q[0]), "[seq, head_dim]")
+    not_yet(ch03.check_one_head(no_mask), "causal mask")
+    zero_fill = lambda q, k, v: torch.softmax(_masked(q, k, 0.0), -1) @ v  # noqa: E731
+    not_yet(ch03.check_one_head(zero_fill), "-inf, not 0")
+    unscaled = lambda q, k, v: torch.softmax(_masked(q * q.shape[-1] ** 0.5, k), -1) @ v  # noqa: E731
+    not_yet(ch03.check_one_head(unscaled), "sqrt(head_dim)")
+    columns = lambda q, k, v: torch.softmax(_masked(q, k), 0) @ v  # noqa: E731
+    not_yet(ch03.check_one_head(columns), "along each row")
+    not_yet(ch03.check_one_head(lambda q, k, v: q), "not yet equal")
+    not_yet(ch03.check_one_head(lambda q, k, v: q[0]), "[seq, head_dim]")
+    not_yet(ch03.check_one_head(unattempted), "not attempted")
 
 
-def test_kv_head():
-    assert ch03.check_kv_head(solutions.kv_head).passed
-    _not_yet(ch03.check_kv_head(1), "heads 3-5")
-    _not_yet(ch03.check_kv_head(None), "assign")
-    _not_yet(ch03.check_kv_head(2.0), "whole number")
+def test_one_head_refuses_the_fused_kernel_and_the_library():
+    fused = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    not_yet(ch03.check_one_head(fused), "don't call", "scaled_dot_product_attention")
+    library = lambda q, k, v: attention_module.attention(q[None, None], k[None, None], v[None, None])[0, 0]  # noqa: E731
+    not_yet(ch03.check_one_head(library), "don't call")
+    assert torch.nn.functional.scaled_dot_product_attention(*(torch.ones(1, 1, 2, 2),) * 3).shape == (1, 1, 2, 2)
+
+
+def test_expand_kv_mistakes_get_specific_messages():
+    not_yet(ch03.check_expand_kv(lambda k, n: k.repeat(n // k.shape[0], 1, 1)), "tiled", "repeat_interleave")
+    not_yet(ch03.check_expand_kv(lambda k, n: k), "[9, seq, head_dim]")
+    not_yet(ch03.check_expand_kv(lambda k, n: k.repeat_interleave(n // k.shape[0], 0).flip(0)), "h // 3")
+    not_yet(ch03.check_expand_kv(lambda k, n: attention_module.repeat_kv(k[None], n // k.shape[0])[0]), "don't call")
+    not_yet(ch03.check_expand_kv(unattempted), "not attempted")
+
+
+@pytest.mark.parametrize("check", [ch03.check_one_head, ch03.check_expand_kv])
+def test_every_check_has_three_hints_from_nudge_to_outline(check):
+    reset_hints()
+    first = hint(check)
+    assert first.total == 3 and "return" not in first.shown[0]
+    reset_hints()

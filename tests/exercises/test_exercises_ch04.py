@@ -1,56 +1,95 @@
-"""Notebook 04's exercise checks: the solutions pass, typical wrong answers fail with a helpful hint."""
+"""Notebook 04's exercise checks: the solutions pass, typical wrong answers fail with a specific message."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from exercise_helpers import load_solutions, not_yet as _not_yet, unattempted as _unattempted
+from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch04
+from llm_anatomy.exercises import ch04, hint, reset_hints
+from llm_anatomy.scratch import ScratchLlama
 
 solutions = load_solutions("ch04")
 
 
-def test_rms_norm():
-    assert ch04.check_rms_norm(solutions.rms_norm).passed
-    _not_yet(ch04.check_rms_norm(lambda x, w, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)), "weight")
-    _not_yet(ch04.check_rms_norm(lambda x, w, eps: x / x.std(-1, keepdim=True) * w), "rsqrt")
-    _not_yet(ch04.check_rms_norm(_unattempted), "not attempted")
+def test_solutions_pass_on_the_small_model():
+    assert ch04.check_forward(solutions.forward).passed
+    assert ch04.check_next_token_loss(solutions.next_token_loss).passed
 
 
-def test_swiglu():
-    assert ch04.check_swiglu(solutions.swiglu).passed
-    silu = torch.nn.functional.silu
-    _not_yet(ch04.check_swiglu(lambda x, g, u, d: (silu(x @ u.T) * (x @ g.T)) @ d.T), "gate projection")
-    _not_yet(ch04.check_swiglu(lambda x, g, u, d: (silu(x @ g.T) + (x @ u.T)) @ d.T), "(a * b)")
-    _not_yet(ch04.check_swiglu(lambda x, g, u, d: silu(x @ g.T)), "[tokens, hidden]")
+def test_the_forward_solution_passes_on_the_real_model_and_equals_transformers(real):
+    scratch = ScratchLlama.from_hf(real)
+    ids = real.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    verdict = ch04.check_forward(solutions.forward, scratch, ids)
+    assert verdict.passed and "real 30-block" in verdict.message, verdict.message
+    with torch.no_grad():
+        assert (solutions.forward(scratch, ids) - real.model(ids).logits).abs().max() < 1e-3
 
 
-def test_next_token_on_a_tiny_model():
-    from tiny_models import tiny_llama
-
-    from llm_anatomy.scratch import ScratchLlama
-
-    class Tokenizer:  # ids as text, enough for the check
-        def encode(self, text):
-            return [ord(c) % 128 for c in text]
-
-        def decode(self, ids):
-            return f"<{ids[0]}>"
-
-    model, tok = ScratchLlama.from_hf(tiny_llama()), Tokenizer()
-    right = solutions.next_token(model, tok)
-    assert ch04.check_next_token(right, model, tok).passed
-    _not_yet(ch04.check_next_token("<999>", model, tok), "argmax")
-    _not_yet(ch04.check_next_token(None, model, tok), "assign")
-    _not_yet(ch04.check_next_token(5, model, tok), "string")
+def _forward(model, ids, *, residual=True, final_norm=True, mlp_norm="post_attention_layernorm", start=0):
+    cos, sin = model.rope(torch.arange(start, start + ids.shape[1]))
+    x = model.embed_tokens(ids)
+    for block in model.layers:
+        attn, _ = block.self_attn(block.input_layernorm(x), cos, sin)
+        x = x + attn if residual else attn
+        out = block.mlp(getattr(block, mlp_norm)(x))
+        x = x + out if residual else out
+    return model.lm_head(model.norm(x) if final_norm else x)
 
 
-def test_next_token_on_the_real_model(real):
-    from llm_anatomy.scratch import ScratchLlama
+def test_forward_mistakes_get_specific_messages():
+    not_yet(ch04.check_forward(lambda m, ids: _forward(m, ids, final_norm=False)), "final norm")
+    not_yet(ch04.check_forward(lambda m, ids: _forward(m, ids, residual=False)), "residual stream")
+    not_yet(ch04.check_forward(lambda m, ids: _forward(m, ids, mlp_norm="input_layernorm")), "post_attention_layernorm")
+    assert ch04.check_forward(lambda m, ids: _forward(m, ids, start=1)).passed  # RoPE: only offsets matter
+    not_yet(ch04.check_forward(lambda m, ids: _forward(m, ids)[:, -1]), "[batch, seq, vocab]")
+    not_yet(ch04.check_forward(unattempted), "not attempted")
 
-    model = ScratchLlama.from_hf(real.model)
-    answer = solutions.next_token(model, real.tokenizer)
-    assert ch04.check_next_token(answer, model, real.tokenizer).passed
-    assert answer == " Paris"
-    _not_yet(ch04.check_next_token("Paris", model, real.tokenizer), "leading space")
+
+def test_forward_refuses_the_model_s_own_loop():
+    not_yet(ch04.check_forward(lambda m, ids: m(ids)), "don't call", "forward")
+    not_yet(ch04.check_forward(lambda m, ids: m.trace(ids).logits), "don't call", "trace")
+
+    def blocks_whole(m, ids):
+        cos, sin = m.rope(torch.arange(ids.shape[1]))
+        x = m.embed_tokens(ids)
+        for block in m.layers:
+            x, _ = block(x, cos, sin)
+        return m.lm_head(m.norm(x))
+
+    not_yet(ch04.check_forward(blocks_whole), "don't call", "x = x + attention(norm(x))")
+    small = ch04.small_model()
+    assert small(torch.tensor([[1, 2]])).shape == (1, 2, 97)  # restored afterwards
+
+
+def test_next_token_loss_mistakes_get_specific_messages():
+    ce = lambda logits, ids: -torch.log_softmax(logits, -1).gather(-1, ids[..., None]).mean()  # noqa: E731
+    not_yet(ch04.check_next_token_loss(ce), "shift the labels")
+    backwards = lambda logits, ids: ce(logits[:, 1:], ids[:, :-1])  # noqa: E731
+    not_yet(ch04.check_next_token_loss(backwards), "wrong way round")
+    not_yet(ch04.check_next_token_loss(lambda logits, ids: -solutions.next_token_loss(logits, ids)), "sign")
+    probs = lambda logits, ids: -torch.softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).mean()  # noqa: E731
+    not_yet(ch04.check_next_token_loss(probs), "log of the probability")
+    summed = lambda logits, ids: -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).sum()  # noqa: E731
+    not_yet(ch04.check_next_token_loss(summed), "average")
+    per_position = lambda logits, ids: -torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])  # noqa: E731
+    not_yet(ch04.check_next_token_loss(per_position), "one number")
+    not_yet(ch04.check_next_token_loss(unattempted), "not attempted")
+
+
+def test_next_token_loss_refuses_torch_s_cross_entropy():
+    def shortcut(logits, ids):
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+    not_yet(ch04.check_next_token_loss(shortcut), "don't call", "cross_entropy")
+    not_yet(ch04.check_next_token_loss(lambda logits, ids: torch.nn.CrossEntropyLoss()(logits[0], ids[0])), "don't call")
+    assert torch.nn.functional.cross_entropy(torch.zeros(1, 2), torch.tensor([0])) > 0  # restored afterwards
+
+
+@pytest.mark.parametrize("check", [ch04.check_forward, ch04.check_next_token_loss])
+def test_every_check_has_three_hints_from_nudge_to_outline(check):
+    reset_hints()
+    first = hint(check)
+    assert first.total == 3 and "return" not in first.shown[0]
+    reset_hints()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from exercise_helpers import load_solutions
+from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch05
 
@@ -46,3 +46,110 @@ def test_top_k_mistakes():
     assert "exactly" in ch05.check_top_k(lambda l, k: {1}).message
     assert "keeps" in ch05.check_top_k(lambda l, k: set(range(k))).message
     assert ch05.check_top_k(lambda l, k: torch.topk(l, k).indices).passed
+
+
+def test_top_p_solution_matches_transformers_warper_on_the_checks_cases():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    for logits, p in ch05._top_p_cases():
+        warped = TopPLogitsWarper(p)(None, logits[None].clone())[0]
+        assert solutions.keep_top_p(logits, p) == set(torch.isfinite(warped).nonzero().flatten().tolist())
+    assert ch05.check_top_p(solutions.keep_top_p).passed
+
+
+def _sorted_parts(logits):
+    probs = torch.softmax(logits, -1)
+    ordered, order = probs.sort(descending=True)
+    return probs, ordered, order
+
+
+def test_top_p_mistakes():
+    def stops_short(logits, p):  # keeps tokens while the running sum stays at or below p
+        probs, ordered, order = _sorted_parts(logits)
+        return set(order[ordered.cumsum(0) <= p].tolist()) or {int(order[0])}
+
+    def unsorted(logits, p):
+        probs = torch.softmax(logits, -1)
+        return set(torch.nonzero(probs.cumsum(0) - probs < p).flatten().tolist())
+
+    def dropped(logits, p):
+        return set(range(logits.numel())) - solutions.keep_top_p(logits, p)
+
+    def ascending(logits, p):
+        probs = torch.softmax(logits, -1)
+        ordered, order = probs.sort()
+        return set(order[ordered.cumsum(0) - ordered < p].tolist())
+
+    def on_logits(logits, p):  # the cumulative sum of logits, not of probabilities
+        ordered, order = logits.sort(descending=True)
+        return set(order[ordered.cumsum(0) - ordered < p].tolist())
+
+    not_yet(ch05.check_top_p(stops_short), "one token short", "brings the sum to p")
+    not_yet(ch05.check_top_p(unsorted), "vocabulary order")
+    not_yet(ch05.check_top_p(dropped), "DROPS")
+    not_yet(ch05.check_top_p(ascending), "most likely")
+    not_yet(ch05.check_top_p(on_logits), "softmax")
+    not_yet(ch05.check_top_p(lambda l, p: set()), "no token")
+    not_yet(ch05.check_top_p(lambda l, p: "0"), "as a set")
+    not_yet(ch05.check_top_p(unattempted), "not attempted")
+
+
+def test_the_loop_solution_passes_and_the_library_loop_is_refused():
+    assert ch05.check_generate_until_stop(solutions.generate_until_stop).passed
+
+    def library_loop(model, ids, n, stop_ids):
+        from llm_anatomy.decode import generate_greedy
+
+        return generate_greedy(model, ids, n).tokens[0].tolist(), "length"
+
+    not_yet(ch05.check_generate_until_stop(library_loop), "the loop is the exercise")
+
+
+def test_loop_mistakes():
+    def never_appends(model, ids, n, stop_ids):
+        return [int(model(ids)[0, -1].argmax()) for _ in range(n)], "length"
+
+    def first_position(model, ids, n, stop_ids):
+        new = []
+        for _ in range(n):
+            nxt = model(ids)[0, 0].argmax()
+            new.append(int(nxt))
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        return new, "length"
+
+    def ignores_stop(model, ids, n, stop_ids):
+        return solutions.generate_until_stop(model, ids, n, stop_ids=set())
+
+    def drops_stop(model, ids, n, stop_ids):
+        out, reason = solutions.generate_until_stop(model, ids, n, stop_ids)
+        return (out[:-1], reason) if reason == "stop" else (out, reason)
+
+    def one_short(model, ids, n, stop_ids):
+        return solutions.generate_until_stop(model, ids, n - 1, stop_ids)
+
+    def no_reason(model, ids, n, stop_ids):
+        return solutions.generate_until_stop(model, ids, n, stop_ids)[0]
+
+    def wrong_reason(model, ids, n, stop_ids):
+        return solutions.generate_until_stop(model, ids, n, stop_ids)[0], "eos"
+
+    not_yet(ch05.check_generate_until_stop(never_appends), "append")
+    not_yet(ch05.check_generate_until_stop(first_position), "LAST position")
+    not_yet(ch05.check_generate_until_stop(ignores_stop), "went on after the stop")
+    not_yet(ch05.check_generate_until_stop(drops_stop), "keep the stop token")
+    not_yet(ch05.check_generate_until_stop(one_short), "exactly max_new_tokens")
+    not_yet(ch05.check_generate_until_stop(no_reason), "two things")
+    not_yet(ch05.check_generate_until_stop(wrong_reason), "the reason should be")
+    not_yet(ch05.check_generate_until_stop(unattempted), "not attempted")
+
+
+def test_every_check_has_hints_that_start_with_a_nudge():
+    from llm_anatomy.exercises import hint, reset_hints
+
+    reset_hints()
+    for check in (ch05.check_greedy_choice, ch05.check_temperature, ch05.check_top_k, ch05.check_top_p,
+                  ch05.check_generate_until_stop):
+        first = hint(check)
+        assert first.total >= 2 and len(first.shown) == 1
+        assert "return" not in first.shown[0] and "def " not in first.shown[0]  # a nudge, not the answer
+    reset_hints()

@@ -2,28 +2,74 @@
 
 from __future__ import annotations
 
-from exercise_helpers import load_solutions
+import pytest
+from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch07
+from llm_anatomy.exercises import ch07, hint, reset_hints
+from llm_anatomy.measure.roofline import block_parameters, forward_work
 
 solutions = load_solutions("ch07")
+SMOL = ch07._config(dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True))
 
 
 def test_solutions_pass():
-    assert ch07.check_decode_gflop(solutions.decode_gflop(134.5e6)).passed
-    assert ch07.check_decode_gflop(solutions.decode_gflop(1.2e9), parameters=1.2e9).passed
-    assert ch07.check_bound(solutions.bound(0.5, 20.0), 0.5, 20.0).passed
-    assert ch07.check_bound(solutions.bound(300.0, 20.0), 300.0, 20.0).passed
+    assert ch07.check_decode_work(solutions.decode_work).passed
+    for ridge, size in ((6.0, 4), (150.0, 2), (25.0, 2)):
+        answer = solutions.ridge_batch(ridge, size)
+        assert ch07.check_ridge_batch(answer, SMOL, 16, size, ridge).passed, (ridge, size)
     assert ch07.check_decode_ceiling(solutions.decode_ceiling(5.4e8, 1.2e10), 5.4e8, 1.2e10).passed
 
 
-def test_wrong_answers_get_hints():
-    assert "multiply AND an add" in ch07.check_decode_gflop(0.1345).message
-    assert "GFLOP" in ch07.check_decode_gflop(2.69e8).message
-    assert "off" in ch07.check_decode_gflop(1.0).message
-    assert not ch07.check_decode_gflop(None)
-    assert "ridge" in ch07.check_bound("compute", 0.5, 20.0).message
-    assert "'memory' or 'compute'" in ch07.check_bound("bandwidth", 0.5, 20.0).message
+def test_ridge_batch_is_where_forward_work_crosses_the_ridge():
+    b = ch07.ridge_batch(SMOL, 16, 4, 6.0)
+    assert forward_work(SMOL, 1, 16, b, 4).intensity >= 6.0 > forward_work(SMOL, 1, 16, b - 1, 4).intensity
+    assert ch07.ridge_batch(SMOL, 100_000, 2, 500.0) is None  # long contexts: the cache keeps intensity down
+    assert "no batch" in ch07.check_ridge_batch(10, SMOL, 100_000, 2, 500.0).message
+
+
+def _variant(**drop):
+    """decode_work with one typical mistake."""
+    def work(cfg, past, size):
+        L, H, K, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        block, head, n = block_parameters(cfg), cfg.vocab_size * cfg.hidden_size, past + 1
+        flops_per_weight = 1 if drop.get("one_flop") else 2
+        flops = flops_per_weight * block + (0 if drop.get("no_head") else flops_per_weight * head)
+        flops += 0 if drop.get("no_attention") else 4 * L * H * d * n / (2 if drop.get("one_flop") else 1)
+        kv = 0 if drop.get("no_kv") else 2 * L * (H if drop.get("heads") else K) * d * size * n
+        kv /= 2 if drop.get("only_k") else 1
+        weights = block + (2 if drop.get("embedding_too") else 1) * head
+        return flops, weights * size + kv
+    return work
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ("one_flop", "2 FLOPs"), ("no_head", "LM head"), ("no_attention", "attention's own FLOPs"),
+    ("no_kv", "KV cache"), ("only_k", "multiply by 2"), ("heads", "kv_heads"), ("embedding_too", "one row"),
+])
+def test_decode_work_mistakes(mistake, words):
+    not_yet(ch07.check_decode_work(_variant(**{mistake: True})), words)
+
+
+def test_other_wrong_answers_get_hints():
+    not_yet(ch07.check_decode_work(lambda cfg, past, size: 1.0), "two numbers")
+    not_yet(ch07.check_decode_work(unattempted), "not attempted")
+    right = ch07.ridge_batch(SMOL, 16, 4, 6.0)
+    not_yet(ch07.check_ridge_batch(2 * right, SMOL, 16, 4, 6.0), "twice too big")
+    not_yet(ch07.check_ridge_batch(right / 2, SMOL, 16, 4, 6.0), "half")
+    not_yet(ch07.check_ridge_batch(None, SMOL, 16, 4, 6.0), "prediction")
+    not_yet(ch07.check_ridge_batch(0.5, SMOL, 16, 4, 6.0), "at least one")
+    not_yet(ch07.check_ridge_batch(10 * right, SMOL, 16, 4, 6.0), "off")
     assert "upside down" in ch07.check_decode_ceiling(5.4e8 / 1.2e10, 5.4e8, 1.2e10).message
     assert "off" in ch07.check_decode_ceiling(100.0, 5.4e8, 1.2e10).message
     assert not ch07.check_decode_ceiling(None, 5.4e8, 1.2e10)
+
+
+def test_every_check_has_hints_that_start_with_a_nudge():
+    reset_hints()
+    for check in (ch07.check_decode_work, ch07.check_ridge_batch, ch07.check_decode_ceiling):
+        first = hint(check)
+        assert first.total >= 2 and len(first.shown) == 1
+        assert "return" not in first.shown[0] and "=" not in first.shown[0]
+    reset_hints()

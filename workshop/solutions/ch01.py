@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
+import regex
 
-def merge(ids, pair, new_id):
-    """Exercise 1.1: replace every occurrence of `pair` in `ids`, left to right, by `new_id`."""
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
+from llm_anatomy import bpe
 
 
-def token_count(tokenizer, text):
-    """Exercise 1.2: the number of tokens of `text` (no special tokens added)."""
-    return len(tokenizer(text, add_special_tokens=False).input_ids)
+def train(text, vocab_size):
+    """Exercise 1.1: the plain BPE training loop: count pairs in every chunk, merge the most frequent, repeat."""
+    chunks = [list(chunk.encode("utf-8")) for chunk in bpe.PreSplitter()(text)]
+    merges = {}
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids in chunks:
+            bpe.pair_counts(ids, counts)
+        if not counts:
+            break
+        best = bpe.most_frequent(counts)
+        merges[best] = new_id
+        chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+    return merges
 
 
-def number_tokens(tokenizer, number):
-    """Exercise 1.3: the number of tokens of a string of digits (one per digit for SmolLM2)."""
-    return len(tokenizer(number, add_special_tokens=False).input_ids)
+def encode_chunk(ids, merges):
+    """Exercise 1.3: apply the lowest-ranked merge present (rank = place in `merges`) until none applies."""
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    while len(ids) > 1:
+        pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, float("inf")))
+        if pair not in ranks:
+            break
+        ids = bpe.merge(ids, pair, merges[pair])
+    return ids
+
+
+def pre_split(text):
+    """Exercise 1.2: SmolLM2's pre-split: every digit (any Unicode number) alone, then GPT-2's pattern."""
+    pieces = [piece for piece in regex.split(r"(\p{N})", text) if piece]
+    return [chunk for piece in pieces for chunk in bpe.PreSplitter()(piece)]

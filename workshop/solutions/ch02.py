@@ -6,7 +6,7 @@ import torch
 
 
 def embed(ids, table):
-    """Exercise 2.1: a one-hot row per id, times the table: [n, vocab] @ [vocab, hidden] -> [n, hidden]."""
+    """Exercise 2.1: a one-hot row per id, times the table: [..., vocab] @ [vocab, hidden] -> [..., hidden]."""
     return torch.nn.functional.one_hot(ids, table.shape[0]).to(table.dtype) @ table
 
 
@@ -15,6 +15,10 @@ def cosine(a, b):
     return float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b)))
 
 
-def frequencies(head_dim, theta):
-    """Exercise 2.3: theta ** (-2i / head_dim) for each pair i."""
-    return 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+def rope(x, positions, theta):
+    """Exercise 2.3: pair j = (x[:, j], x[:, j + d/2]) turned by position * theta ** (-2j / d) radians."""
+    d = x.shape[-1]
+    freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2] radians per position
+    a = positions[:, None].double() * freqs  # [seq, d/2]
+    x1, x2 = x[:, :d // 2].double(), x[:, d // 2:].double()
+    return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], dim=-1).to(x.dtype)

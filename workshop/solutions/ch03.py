@@ -7,17 +7,15 @@ import math
 import torch
 
 
-def mask(n):
-    """Exercise 3.1: True on and below the diagonal (query i sees keys 0..i)."""
-    return torch.ones(n, n, dtype=torch.bool).tril()
-
-
 def attend(q, k, v):
-    """Exercise 3.2: one causal head: scores, mask, softmax, weighted sum."""
-    scores = q @ k.T / math.sqrt(q.shape[-1])  # [seq, seq]
-    scores = scores.masked_fill(~mask(q.shape[0]), float("-inf"))
+    """Exercise 3.1: one causal head: scores, mask, softmax, weighted sum."""
+    n = q.shape[0]
+    scores = q @ k.T / math.sqrt(q.shape[-1])  # [seq, seq]: row = query, column = key
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()  # query i sees keys 0..i
+    scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
-# Exercise 3.3: 9 query heads over 3 KV heads: groups of 3, so head 7 reads KV head 7 // 3
-kv_head = 7 // 3
+def expand_kv(k, n_heads):
+    """Exercise 3.2: each K/V head repeated for its group of query heads, in order: [kv, seq, d] -> [n_heads, seq, d]."""
+    return k.repeat_interleave(n_heads // k.shape[0], dim=0)

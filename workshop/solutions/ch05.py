@@ -18,3 +18,26 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def keep_top_k(logits: torch.Tensor, k: int) -> set[int]:
     """Exercise 5.3: the set of token ids top-k keeps: the k highest logits."""
     return set(torch.topk(logits, k).indices.tolist())
+
+
+def keep_top_p(logits: torch.Tensor, p: float) -> set[int]:
+    """Exercise 5.4: the nucleus: the fewest most likely tokens whose probabilities add up to at least p.
+
+    A token stays when the tokens more likely than it add up to less than p, so the token that crosses p stays.
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    ordered, order = probs.sort(descending=True)
+    before = ordered.cumsum(dim=0) - ordered  # probability of the tokens ranked above each one
+    return set(order[before < p].tolist())
+
+
+def generate_until_stop(model, ids: torch.Tensor, max_new_tokens: int, stop_ids) -> tuple[list[int], str]:
+    """Exercise 5.5: append and rerun until a stop id or the length limit; the reason is 'stop' or 'length'."""
+    new = []
+    for _ in range(max_new_tokens):
+        next_id = model(ids)[:, -1].argmax(-1, keepdim=True)  # [1, 1]: the last position predicts the next token
+        new.append(int(next_id))
+        if int(next_id) in stop_ids:
+            return new, "stop"
+        ids = torch.cat([ids, next_id], dim=1)
+    return new, "length"

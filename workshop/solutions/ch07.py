@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-
-def decode_gflop(parameters):
-    """Exercise 7.1: a multiply and an add per parameter."""
-    return 2 * parameters / 1e9
+import math
 
 
-def bound(intensity, ridge):
-    """Exercise 7.2: below the ridge point the bandwidth roof is lower: memory-bound."""
-    return "memory" if intensity < ridge else "compute"
+def decode_work(cfg, past, bytes_per_element):
+    """Exercise 7.1: FLOPs and bytes of one decode step (one token, batch 1) after `past` cached positions."""
+    d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size  # q, k, v, o, gate, up, down
+    weights = cfg.num_layers * per_layer + cfg.vocab_size * d  # + the LM head (one position's logits)
+    positions = past + 1  # the new token attends to every cached position and to itself
+    flops = 2 * weights + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * positions  # q.k and weights.v
+    moved = weights * bytes_per_element + 2 * cfg.num_layers * kv * bytes_per_element * positions  # + K and V read
+    return flops, moved
+
+
+def ridge_batch(ridge, bytes_per_element):
+    """Exercise 7.2: intensity ~ 2 x batch / bytes per number while the weights dominate the bytes."""
+    return math.ceil(ridge * bytes_per_element / 2)
 
 
 def decode_ceiling(weight_bytes, bandwidth):

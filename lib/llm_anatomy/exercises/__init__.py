@@ -5,7 +5,7 @@ A check is a plain function decorated with @exercise. It receives the learner's 
 What comes back is a Verdict that notebooks show as a green or red line:
 
     >>> from llm_anatomy.exercises import ch00
-    >>> ch00.check_parameter_count(135)
+    >>> ch00.check_eos_token("<|im_end|>", tokenizer)
     Correct! ...
 
 The check never raises: a learner's NotImplementedError means "not attempted yet", any
@@ -17,9 +17,9 @@ Hints come one at a time, so that a learner who is stuck gets a nudge before the
 
     @exercise
     @hints("a nudge", "the key idea", "an outline of the code")
-    def check_merge_loop(train): ...
+    def check_train(train): ...
 
-    ch01.hint(ch01.check_merge_loop)     # shows hint 1 of 3; run it again for the next one
+    ch01.hint(ch01.check_train)     # shows hint 1 of 3; run it again for the next one
 
 Where the method is the lesson, a check forbids the shortcut while it calls the learner's code:
 `with forbidden(torch, "softmax", "compute the softmax from exp and sum"): call(answer, ...)`.

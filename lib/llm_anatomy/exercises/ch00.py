@@ -1,28 +1,54 @@
-"""Checks for notebook 00 (set-up and tour)."""
+"""Checks for notebook 00 (set-up and tour): counting a model's parameters, and the token that ends a turn."""
 
 from __future__ import annotations
 
-from . import exercise, expect
+import torch
+
+from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
+
+
+def _tied_toy() -> torch.nn.Module:
+    """A toy model whose output layer shares the embedding's table, as SmolLM2's does: 10*4 + 4*4 + 4 numbers."""
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(10, 4)
+    model.hidden = torch.nn.Linear(4, 4)
+    model.head = torch.nn.Linear(4, 10, bias=False)
+    model.head.weight = model.embed.weight
+    return model
 
 
 @exercise
-def check_parameter_count(answer, loaded=None) -> str:
-    """The default model's parameter count, in millions, rounded to a whole number."""
-    expect(answer is not None, "assign your answer, a number of millions such as 42, to `answer`.")
-    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool),
-           f"give a number (millions of parameters), not {type(answer).__name__}.")
-    true_millions = 134.5 if loaded is None else loaded.num_parameters / 1e6
-    expect(answer < 1e5, "give the count in millions: 135, not 135000000.")
-    expect(abs(answer - true_millions) <= 1.0,
-           f"{answer} is off. Hint: sum(p.numel() for p in model.parameters()) / 1e6, "
-           "and remember the input and output embeddings are one shared (tied) table.")
-    return f"the model has {true_millions:.1f} million parameters."
+@hints("A model's numbers live in its parameter tensors; every tensor knows how many numbers it holds.",
+       "model.parameters() gives each tensor once, even a table that two layers share (tied embeddings); .numel() is "
+       "the number of numbers in one tensor.",
+       "return sum(p.numel() for p in model.parameters())")
+def check_count_parameters(count_parameters, loaded=None) -> str:
+    """Exercise 0.1: count_parameters(model) -> the number of distinct numbers the model learned (shared ones once)."""
+    expect(callable(count_parameters), "define a function count_parameters(model) that returns a whole number.")
+    toy = _tied_toy()
+    got = call(count_parameters, toy)
+    expect(isinstance(got, int) and not isinstance(got, bool), f"return a whole number, not {type(got).__name__}.")
+    expect(got != 40 + 20 + 40, "you counted the shared table twice: the head and the embedding are one tensor here "
+                                "(tied), so count each parameter tensor once (model.parameters() does).")
+    expect(got == 60, f"a toy with a 10x4 embedding (tied to its head) and a 4x4 layer with 4 biases holds 60 numbers, "
+                      f"not {got}.")
+    if loaded is None:
+        return "60 for the toy: each tensor counted once."
+    model = getattr(loaded, "model", loaded)
+    real = call(count_parameters, model)
+    expect(real == sum(p.numel() for p in model.parameters()), f"{real:,} is not the default model's count.")
+    return (f"{real:,} parameters, about {real / 1e6:.0f} million: the '135M' in the name. The embedding table "
+            f"alone is {model.get_input_embeddings().weight.numel():,} of them, counted once though used twice.")
 
 
 @exercise
+@hints("Look at the chat string printed above: every turn starts with one special token and ends with another.",
+       "The turn opens with <|im_start|> and a role; the same closing token follows every message.",
+       "answer = the special token at the end of each turn, as a string; tokenizer.eos_token holds it too")
 def check_eos_token(answer, tokenizer) -> str:
-    """The text of the token that ends an assistant's turn in the chat template."""
+    """Exercise 0.2: the text of the token that ends an assistant's turn in the chat template."""
     expect(isinstance(answer, str), "give the token as a string, for example '<|something|>'.")
+    expect(answer != "<|im_start|>", "<|im_start|> opens a turn; which token closes one?")
     expect(answer == tokenizer.eos_token,
-           f"{answer!r} is not it. Hint: look at the chat string printed above: what closes every turn?")
+           f"{answer!r} is not it: look at the chat string printed above: what closes every turn?")
     return f"{answer} (id {tokenizer.eos_token_id}) ends each turn; generation stops when the model emits it."

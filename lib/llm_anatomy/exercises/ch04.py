@@ -1,60 +1,137 @@
-"""Checks for notebook 04 (the forward pass)."""
+"""Checks for notebook 04 (the forward pass): the loop over the blocks, and the next-token loss.
+
+The forward loop is checked on a small random model the notebook never showed (and on the real one when given),
+with ScratchLlama's own forward and Block.forward refused; the loss on random logits, with torch's cross-entropy
+refused. Each typical mistake is named.
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from . import call, exercise, expect
+from ..scratch import Block, ScratchConfig, ScratchLlama
+from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+
+
+def small_model(seed: int = 4) -> ScratchLlama:
+    """A 2-block ScratchLlama with random weights (norm weights too, so that every step shows in the output)."""
+    cfg = ScratchConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                        head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = ScratchLlama(cfg)
+        for name, param in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                param.data = 1 + 0.5 * torch.randn_like(param)
+    return model.eval()
+
+
+def _variant(model, ids, *, residual=True, mlp_norm="post_attention_layernorm", final_norm=True, mlp=True):
+    """The forward pass with one thing changed: what a typical mistake computes. (Positions that start at 1, not 0,
+    are no mistake here: RoPE makes the scores depend on offsets only, so the logits come out the same.)"""
+    cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device))
+    x = model.embed_tokens(ids)
+    for block in model.layers:
+        attn_out, _ = block.self_attn(block.input_layernorm(x), cos, sin)
+        x = x + attn_out if residual else attn_out
+        if mlp:
+            out = block.mlp(getattr(block, mlp_norm)(x))
+            x = x + out if residual else out
+    return model.lm_head(model.norm(x) if final_norm else x)
+
+
+@contextlib.contextmanager
+def _no_shortcut():
+    why = "write the loop over the blocks yourself"
+    with forbidden(ScratchLlama, "forward", why), forbidden(ScratchLlama, "trace", why), \
+            forbidden(Block, "forward", why + ": x = x + attention(norm(x)), then x = x + mlp(norm(x))"):
+        yield
 
 
 @exercise
-def check_rms_norm(rms_norm) -> str:
-    """Exercise 4.1: rms_norm(x, weight, eps) = x / sqrt(mean(x^2) + eps) * weight, over the last dimension."""
-    from ..scratch import RMSNorm
-
-    expect(callable(rms_norm), "define a function rms_norm(x, weight, eps).")
-    g = torch.Generator().manual_seed(0)
-    x, weight = 3 * torch.randn(2, 5, 16, generator=g), torch.randn(16, generator=g)
-    out = call(rms_norm, x, weight, 1e-5)
-    expect(isinstance(out, torch.Tensor) and out.shape == x.shape, "return a tensor of the same shape as x.")
-    norm = RMSNorm(16, 1e-5)
-    norm.weight.data = weight
-    ref = norm(x)
-    no_weight = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
-    expect(not torch.allclose(out, no_weight, atol=1e-4), "multiply by the learned weight at the end.")
-    expect(torch.allclose(out, ref, atol=1e-4),
-           "not yet. Hint: the mean of x**2 over the last dimension (keepdim=True), then x * torch.rsqrt(... + eps).")
-    return "RMSNorm rescales each token's vector to a root-mean-square of 1, then weights each number."
+@hints("The model is a list of blocks between an embedding and a head. What goes in, what comes out of each block, "
+       "and what happens after the last one?",
+       "Start with x = model.embed_tokens(ids) and cos, sin = model.rope(positions). Each block adds two corrections to x: "
+       "attention of its normed input (input_layernorm), then the MLP of its normed input (post_attention_layernorm). "
+       "After the last block: model.norm, then model.lm_head.",
+       "cos, sin = model.rope(torch.arange(ids.shape[1], device=ids.device)); x = model.embed_tokens(ids); "
+       "for block in model.layers: "
+       "attn, _ = block.self_attn(block.input_layernorm(x), cos, sin); x = x + attn; "
+       "x = x + block.mlp(block.post_attention_layernorm(x)); return model.lm_head(model.norm(x))")
+def check_forward(forward, model=None, ids=None) -> str:
+    """Exercise 4.1: forward(model, ids) -> logits [batch, seq, vocab], the loop over the blocks written out."""
+    expect(callable(forward), "define a function forward(model, ids) that returns the logits.")
+    cases = [(small_model(), torch.tensor([[5, 17, 3, 96, 40, 2, 2]]))]
+    if model is not None and ids is not None:
+        cases.append((model, ids))
+    for net, tokens in cases:
+        with torch.no_grad():
+            right = net(tokens)
+            with _no_shortcut():
+                out = call(forward, net, tokens)
+        expect(isinstance(out, torch.Tensor) and out.shape == right.shape,
+               f"return the logits, [batch, seq, vocab] = {list(right.shape)}, not "
+               f"{list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}.")
+        close = dict(atol=1e-4, rtol=1e-4) if right.dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+        if torch.allclose(out.float(), right.float(), **close):
+            continue
+        mistakes = {"the final norm (model.norm) before the LM head is missing": dict(final_norm=False),
+                    "add each sublayer's output to x instead of replacing x: x = x + attention(norm(x)), then "
+                    "x = x + mlp(norm(x)); that sum is the residual stream": dict(residual=False),
+                    "the MLP has its own norm: block.post_attention_layernorm, not input_layernorm a second time":
+                        dict(mlp_norm="input_layernorm"),
+                    "each block has an MLP after its attention: x = x + block.mlp(block.post_attention_layernorm(x))":
+                        dict(mlp=False)}
+        for message, change in mistakes.items():
+            with torch.no_grad():
+                wrong = _variant(net, tokens, **change)
+            expect(not torch.allclose(out.float(), wrong.float(), **close), message + ".")
+        expect(False, f"the logits differ from the model's by up to {(out.float() - right.float()).abs().max():.3g}: "
+                      "embed, then for each block x = x + attention(norm(x)) and x = x + mlp(norm(x)), then norm and head.")
+    where = "a random 2-block model" + (" and the real 30-block one" if len(cases) > 1 else "")
+    return f"your loop gives the model's logits on {where}: a Llama is embed, N times (attention, MLP), norm, head."
 
 
 @exercise
-def check_swiglu(swiglu) -> str:
-    """Exercise 4.2: swiglu(x, gate, up, down) = (silu(x @ gate.T) * (x @ up.T)) @ down.T."""
-    expect(callable(swiglu), "define a function swiglu(x, gate, up, down).")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 8, generator=g)
-    gate, up, down = torch.randn(20, 8, generator=g), torch.randn(20, 8, generator=g), torch.randn(8, 20, generator=g)
-    out = call(swiglu, x, gate, up, down)
-    expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (3, 8),
-           "return [tokens, hidden] (here [3, 8]): down projects back from the wide layer.")
-    silu = torch.nn.functional.silu
-    ref = (silu(x @ gate.T) * (x @ up.T)) @ down.T
-    swapped = (silu(x @ up.T) * (x @ gate.T)) @ down.T
-    expect(not torch.allclose(out, swapped, atol=1e-4), "silu goes on the gate projection, not on the up projection.")
-    expect(torch.allclose(out, ref, atol=1e-4),
-           "not yet. Hint: a = silu(x @ gate.T); b = x @ up.T; (a * b) @ down.T.")
-    return "the gate decides, number by number, how much of the up projection passes."
-
-
-@exercise
-def check_next_token(answer, model, tokenizer, prompt: str = "The capital of France is") -> str:
-    """Exercise 4.3: the text of the model's most likely next token after `prompt` (a ScratchLlama)."""
-    expect(answer is not None, "assign the token's text (a string) to `answer`.")
-    expect(isinstance(answer, str), f"give the token's text as a string, not {type(answer).__name__}.")
-    ids = torch.tensor([tokenizer.encode(prompt)], device=model.device)
-    top = int(model(ids)[0, -1].argmax())
-    right = tokenizer.decode([top])
-    expect(answer.strip() != "" or right.strip() == "", "the answer is empty: decode the top token's id.")
-    expect(answer == right, f"{answer!r} is not the top token. Hint: logits[0, -1].argmax() is its id; "
-                            "tokenizer.decode([id]) its text (mind the leading space).")
-    return f"{right!r} (id {top}) has the highest logit at the last position."
+@hints("The logits at position t are the model's guess for the token at position t + 1. Which logits have an answer "
+       "to compare with, and which token is it?",
+       "Cross-entropy is minus the log-probability the model gave the right next token, averaged over the positions: "
+       "log_softmax over the vocabulary, pick the target's entry (gather), negate, mean.",
+       "logp = torch.log_softmax(logits[:, :-1].float(), dim=-1); target = ids[:, 1:]; "
+       "return -logp.gather(-1, target[..., None]).mean()")
+def check_next_token_loss(loss_fn) -> str:
+    """Exercise 4.2: next_token_loss(logits, ids) -> the mean cross-entropy of each next token, in nats."""
+    expect(callable(loss_fn), "define a function next_token_loss(logits, ids) that returns one number.")
+    g = torch.Generator().manual_seed(5)
+    cross_entropy = torch.nn.functional.cross_entropy
+    why = "compute it from log_softmax: minus the log-probability of each right next token, averaged"
+    for batch, seq, vocab in [(1, 7, 11), (2, 5, 13)]:
+        logits = 3 * torch.randn(batch, seq, vocab, generator=g)
+        ids = torch.randint(vocab, (batch, seq), generator=g)
+        right = cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        with forbidden(torch.nn.functional, "cross_entropy", why), forbidden(torch.nn.functional, "nll_loss", why), \
+                forbidden(torch.nn, "CrossEntropyLoss", why), forbidden(torch.nn, "NLLLoss", why):
+            got = call(loss_fn, logits.clone(), ids.clone())
+        expect(isinstance(got, (float, torch.Tensor)) and torch.as_tensor(got).numel() == 1,
+               "return one number, the mean over every predicted position (a 0-d tensor or a float).")
+        got = float(got)
+        if abs(got - float(right)) < 1e-4:
+            continue
+        logp = torch.log_softmax(logits, dim=-1)
+        picked = logp[:, :-1].gather(-1, ids[:, 1:, None])
+        unshifted = cross_entropy(logits.reshape(-1, vocab), ids.reshape(-1))
+        backwards = cross_entropy(logits[:, 1:].reshape(-1, vocab), ids[:, :-1].reshape(-1))
+        expect(abs(got - float(unshifted)) > 1e-4, "shift the labels: the logits at position t predict token t + 1, "
+                                                   "so compare logits[:, :-1] with ids[:, 1:].")
+        expect(abs(got - float(backwards)) > 1e-4, "that is the shift the wrong way round: logits[:, :-1] go with "
+                                                   "ids[:, 1:] (each position predicts the next token).")
+        expect(abs(got + float(right)) > 1e-4, "the sign: cross-entropy is minus the log-probability, a positive number.")
+        expect(abs(got - float(-picked.exp().mean())) > 1e-4 and abs(got - float(1 - picked.exp().mean())) > 1e-4,
+               "take the log of the probability (log_softmax), not the probability itself.")
+        expect(abs(got - float(-picked.sum())) > 1e-4, "average over the predicted positions, do not sum them.")
+        expect(False, f"expected {float(right):.4f} nats, got {got:.4f}: log_softmax over the vocabulary (the last "
+                      "dimension), the entry of the right next token, minus, mean.")
+    return ("the mean cross-entropy of the next token, the number training lowers; exp of it is the perplexity, how "
+            "many tokens the model hesitates between on average.")

@@ -1,10 +1,15 @@
-"""Checks for notebook 05 (generation): greedy choice, temperature, top-k."""
+"""Checks for notebook 05 (generation): greedy choice, temperature, top-k, top-p, the decoding loop with a stop.
+
+The top-p check compares the learner's nucleus with llm_anatomy.sampling (which matches transformers' warper) on
+logits the notebook never showed; the loop check runs the learner's loop on a tiny random model.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from . import call, exercise, expect
+from . import call, exercise, expect, hints
+from ._tiny import Recorder, as_ids, reference_tokens, tiny_model
 
 _CASES = [torch.tensor([0.5, 2.0, -1.0, 1.9]), torch.tensor([-3.0, -2.0, -2.5]),
           torch.tensor([7.0, 1.0, 7.5, 0.0, 6.0]), torch.linspace(-2, 2, 50).flip(0)]
@@ -19,6 +24,9 @@ def _as_int(value) -> int:
 
 
 @exercise
+@hints("The most likely token is the one with the highest logit: no softmax needed, it keeps the order.",
+       "torch has a function that gives the index of the largest entry.",
+       "return int(logits.argmax())")
 def check_greedy_choice(greedy_choice) -> str:
     """greedy_choice(logits [vocab]) -> the id of the most likely token."""
     expect(callable(greedy_choice), "define a function greedy_choice(logits) that returns a token id.")
@@ -33,6 +41,9 @@ def check_greedy_choice(greedy_choice) -> str:
 
 
 @exercise
+@hints("Temperature acts on the logits, before they become probabilities.",
+       "A temperature below 1 must make the gaps between logits bigger: divide by it.",
+       "return torch.softmax(logits / temperature, dim=-1)")
 def check_temperature(apply_temperature) -> str:
     """apply_temperature(logits, temperature) -> probabilities softmax(logits / temperature)."""
     expect(callable(apply_temperature), "define apply_temperature(logits, temperature) returning probabilities.")
@@ -56,6 +67,9 @@ def check_temperature(apply_temperature) -> str:
 
 
 @exercise
+@hints("Top-k keeps a fixed number of tokens, the best ones, whatever their probabilities.",
+       "torch.topk(values, k) gives the k largest values and their indices.",
+       "return set(torch.topk(logits, k).indices.tolist())")
 def check_top_k(keep_top_k) -> str:
     """keep_top_k(logits, k) -> a set of the token ids that top-k keeps."""
     expect(callable(keep_top_k), "define keep_top_k(logits, k) returning the set of kept token ids.")
@@ -73,3 +87,104 @@ def check_top_k(keep_top_k) -> str:
         expect(got == want, f"for k={k} top-k keeps {sorted(want)}, you kept {sorted(got)}. "
                             "Hint: torch.topk(logits, k).indices.")
     return "top-k keeps the k highest logits; every other token gets probability 0."
+
+
+# ---------------------------------------------------------------------------------------------- top-p
+
+def _top_p_cases() -> list[tuple[torch.Tensor, float]]:
+    """Logits the notebook never showed: random ones at several sharpnesses, and hand-made boundary cases."""
+    g = torch.Generator().manual_seed(2024)
+    cases = [(torch.randn(300, generator=g) * scale, p) for scale, p in
+             [(0.5, 0.9), (2.0, 0.9), (2.0, 0.5), (4.0, 0.95), (1.0, 0.3)]]
+    # boundary cases: 0.5 + 0.3 crosses p = 0.6, so the token with 0.3 must stay (it brings the sum past p)
+    probs = torch.tensor([0.05, 0.5, 0.1, 0.3, 0.05])
+    cases += [(probs.log(), 0.6), (probs.log(), 0.85), (probs.log(), 0.2)]
+    return cases
+
+
+def _kept(result, what: str) -> set[int]:
+    if isinstance(result, torch.Tensor):
+        result = result.tolist()
+    expect(isinstance(result, (set, list, tuple)), f"return the {what} ids as a set, not {type(result).__name__}.")
+    return {int(i) for i in result}
+
+
+@exercise
+@hints("Sort the probabilities from the most likely down, and add them up one by one.",
+       "Keep a token if the tokens MORE likely than it add up to less than p: the token that crosses p stays.",
+       "probs = softmax(logits); sorted, order = probs.sort(descending=True); before = sorted.cumsum(0) - sorted; "
+       "return set(order[before < p].tolist())")
+def check_top_p(keep_top_p) -> str:
+    """keep_top_p(logits [vocab], p) -> the set of token ids top-p keeps (the nucleus)."""
+    from ..sampling import top_p_mask
+
+    expect(callable(keep_top_p), "define keep_top_p(logits, p) returning the set of kept token ids.")
+    for logits, p in _top_p_cases():
+        got = _kept(call(keep_top_p, logits.clone(), p), "kept")
+        want = set(top_p_mask(logits, p).nonzero().flatten().tolist())
+        probs = torch.softmax(logits, dim=-1)
+        best = int(probs.argmax())
+        where = f"for p = {p} on {logits.numel()} logits"
+        expect(got, f"{where} you kept no token: the most likely token always stays.")
+        dropped = set(range(logits.numel())) - want
+        expect(got != dropped, f"{where} you returned the tokens top-p DROPS: return the ones it keeps.")
+        expect(best in got, f"{where} you dropped the most likely token ({best}): sort from the most likely down "
+                            "(descending=True).")
+        ordered = probs.sort(descending=True).indices.tolist()
+        without_edge = set(ordered[:len(want) - 1])
+        expect(not (got == without_edge and len(want) > 1),
+               f"{where} you stopped one token short: you kept {len(got)} tokens, adding up to "
+               f"{float(probs[list(got)].sum()):.3f} < p. Top-p keeps the token that brings the sum to p or beyond.")
+        naive = set(torch.nonzero(probs.cumsum(0) - probs < p).flatten().tolist())
+        expect(got != naive or got == want, f"{where} you added the probabilities in vocabulary order: sort them "
+                                            "from the most likely down first.")
+        mass = float(probs[list(got)].sum())
+        expect(got == want, f"{where} top-p keeps {len(want)} tokens (probability {float(probs[list(want)].sum()):.3f}), "
+                            f"you kept {len(got)} (probability {mass:.3f}). Did you apply a softmax to the logits first?")
+    return "top-p keeps the fewest most likely tokens whose probabilities reach p: few when the model is sure, many when not."
+
+
+# ---------------------------------------------------------------------------------------------- the decoding loop
+
+@exercise
+@hints("Start from the append-and-rerun loop of section 2; what changes is when it ends, and what it says about it.",
+       "After picking each token, check it against stop_ids: if it is one, keep it, and stop with the reason 'stop'. "
+       "If the loop runs out of max_new_tokens, the reason is 'length'.",
+       "for _ in range(max_new_tokens): next_id = int(model(ids)[0, -1].argmax()); new.append(next_id); "
+       "if next_id in stop_ids: return new, 'stop'; ids = torch.cat([ids, torch.tensor([[next_id]])], dim=1) "
+       "... and after the loop: return new, 'length'")
+def check_generate_until_stop(generate_until_stop) -> str:
+    """generate_until_stop(model, ids [1, seq], max_new_tokens, stop_ids) -> (new ids, the stop id included; reason),
+    reason 'stop' when a stop id ended it, 'length' when max_new_tokens did."""
+    expect(callable(generate_until_stop),
+           "define generate_until_stop(model, ids, max_new_tokens, stop_ids) returning (new ids, reason).")
+    model = tiny_model()
+    g = torch.Generator().manual_seed(11)
+    for prompt_len, n in ((5, 12), (9, 8)):
+        ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
+        full = reference_tokens(model, ids, n)
+        stop = next((t for i, t in enumerate(full) if i >= 2 and t not in full[:i]), full[0])  # first made mid-way
+        never = [t for t in range(model.cfg.vocab_size) if t not in full][:2]
+        for stop_ids, want, why in (({stop, never[0]}, full[:full.index(stop) + 1], "stop"),
+                                    (set(never), full, "length")):
+            rec = Recorder(model)
+            out = call(generate_until_stop, rec, ids.clone(), n, stop_ids)
+            expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
+            got, reason = as_ids(out[0], "new token ids"), out[1]
+            expect(len(rec.fed) > 0, "your loop never called the model: logits = model(ids).")
+            expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
+                                        "logits, logits[0, -1] (position 0 predicts the second prompt token).")
+            if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:
+                expect(False, f"every token you made is {got[0]}: append each new token to the ids before the next "
+                              "call, or the model sees the same text again.")
+            if why == "stop":
+                expect(len(got) <= len(want) or got[:len(want)] != want,
+                       f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
+                expect(got != want[:-1], f"keep the stop token {stop} itself as the last token: it is what the model "
+                                         "produced, and what tells the caller why it stopped.")
+            else:
+                expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
+            expect(got == want, f"expected {want}, got {got} (prompt of {prompt_len}, max {n}, stop_ids {sorted(stop_ids)}).")
+            expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}: 'stop' when "
+                                  "a stop id ended the loop, 'length' when max_new_tokens did.")
+    return "run, pick, append, until a stop or the limit, and say which: what GenerationSession does at every step."

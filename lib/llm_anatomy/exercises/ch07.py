@@ -1,33 +1,126 @@
-"""Checks for notebook 07 (prefill and decode)."""
+"""Checks for notebook 07 (prefill and decode): the FLOPs and bytes of one decode step, the batch at which decode
+reaches the ridge point (predicted, then measured), and the bandwidth ceiling of batch-1 decode.
+
+The work count is checked against llm_anatomy.measure.forward_work on model shapes the notebook never used.
+"""
 
 from __future__ import annotations
 
-from . import exercise, expect
+import math
+
+from ..measure.roofline import block_parameters, forward_work
+from ..models.random import RANDOM_SHAPES
+from ..scratch import ScratchConfig
+from . import exercise, expect, hints
+
+
+def _config(shape: dict) -> ScratchConfig:
+    return ScratchConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                         intermediate_size=shape["intermediate_size"], num_layers=shape["num_hidden_layers"],
+                         num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
+                         head_dim=shape["head_dim"], rope_theta=shape["rope_theta"], rms_norm_eps=shape["rms_norm_eps"],
+                         max_position_embeddings=shape["max_position_embeddings"],
+                         tie_word_embeddings=shape["tie_word_embeddings"])
+
+
+def _unseen_configs() -> list[tuple[str, ScratchConfig]]:
+    odd = dict(RANDOM_SHAPES["360m"], vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+               num_attention_heads=16, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False)
+    return [("a 1B-shaped Llama", _config(RANDOM_SHAPES["1b"])), ("SmolLM2-360M's shape", _config(RANDOM_SHAPES["360m"])),
+            ("an 8-layer model with 4 KV heads", _config(odd))]
+
+
+def _close(a: float, b: float, rel: float = 1e-3) -> bool:
+    return abs(a - b) <= rel * abs(b)
 
 
 @exercise
-def check_decode_gflop(answer, parameters: float = 134.5e6) -> str:
-    """GFLOP to decode one token with a model of `parameters` (about 2 per parameter: a multiply and an add)."""
-    expect(answer is not None, "assign a number of GFLOP to `answer`.")
-    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool), "give a number of GFLOP, e.g. 1.5.")
-    right = 2 * parameters / 1e9
-    expect(abs(answer - right / 2) > 0.05 * right, "each weight does a multiply AND an add: 2 FLOP per parameter.")
-    expect(answer < 1e6, "give GFLOP (1e9 FLOP), not FLOP.")
-    expect(abs(answer - right) <= 0.1 * right, f"{answer} is off: 2 x parameters / 1e9.")
-    return f"about {right:.2f} GFLOP per token: tiny next to the bytes each token reads."
+@hints("Go through the table above: each matmul does 2 FLOPs per weight per token and reads each weight once.",
+       "Add the LM head (vocab x hidden, one position), attention's two matmuls over the past + 1 positions "
+       "(4 x layers x heads x head_dim x positions FLOPs), and the KV cache it reads: 2 x layers x kv_heads x "
+       "head_dim x bytes per number, per position.",
+       "weights = block_parameters(cfg) + cfg.vocab_size * cfg.hidden_size; positions = past + 1; flops = 2 * weights "
+       "+ 4 * L * H * d * positions; bytes = weights * bytes_per_element + 2 * L * kv_heads * d * bytes_per_element * "
+       "positions")
+def check_decode_work(decode_work) -> str:
+    """decode_work(cfg, past, bytes_per_element) -> (FLOPs, bytes) of one decode step, batch 1, after `past` tokens."""
+    expect(callable(decode_work), "define decode_work(cfg, past, bytes_per_element) returning (flops, bytes).")
+    for name, cfg in _unseen_configs():
+        for past, size in ((0, 2), (1000, 2), (300, 4)):
+            got = decode_work(cfg, past, size)
+            expect(isinstance(got, (tuple, list)) and len(got) == 2, "return two numbers: (flops, bytes).")
+            flops, moved = (float(x) for x in got)
+            want = forward_work(cfg, 1, past, 1, size)
+            L, H, K, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            block, head, n = block_parameters(cfg), cfg.vocab_size * cfg.hidden_size, past + 1
+            attn, kv = 4 * L * H * d * n, 2 * L * K * d * size * n
+            where = f"{name} after {past} tokens in {8 * size}-bit numbers"
+            if not _close(flops, want.flops):
+                for wrong, why in ((block + head + attn / 2, "a weight does a multiply AND an add per token: 2 FLOPs, "
+                                                             "not 1."),
+                                   (2 * block + attn, "you left out the LM head, vocab x hidden weights that turn the "
+                                                      "last hidden state into logits."),
+                                   (2 * block + 2 * head, "you left out attention's own FLOPs: q.k and weights.v over "
+                                                          "every cached position and the new one.")):
+                    expect(not _close(flops, wrong), f"{where}: {why}")
+                expect(False, f"{where}: expected {want.flops:.4g} FLOPs, got {flops:.4g}.")
+            if not _close(moved, want.bytes):
+                weights = (block + head) * size
+                for wrong, why in ((weights, "the weights are not all: the step also reads the KV cache of every "
+                                             "earlier position (and writes its own)."),
+                                   (weights + kv / 2, "the cache holds a key AND a value per position: multiply by 2."),
+                                   (weights + kv * H / K, "the cache holds kv_heads heads (GQA), not one per query "
+                                                          "head."),
+                                   (weights + head * size + kv, "the embedding lookup reads one row, not the table: "
+                                                                "count vocab x hidden once, for the LM head."),
+                                   (block * size + kv, "the LM head's weights are read too.")):
+                    expect(not _close(moved, wrong), f"{where}: {why}")
+                expect(False, f"{where}: expected {want.bytes:.4g} bytes, got {moved:.4g}.")
+    return "the weights dominate both counts at short contexts: about 2 FLOPs per weight read, whatever the model."
+
+
+def ridge_batch(cfg, past: int, bytes_per_element: int, ridge: float, largest: int = 1 << 20) -> int | None:
+    """The smallest batch whose decode step reaches `ridge` FLOP/byte (forward_work's count), or None if none does."""
+    low, high = 1, largest
+    if forward_work(cfg, 1, past, high, bytes_per_element).intensity < ridge:
+        return None
+    while low < high:  # intensity rises with the batch: bisect
+        mid = (low + high) // 2
+        if forward_work(cfg, 1, past, mid, bytes_per_element).intensity >= ridge:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 @exercise
-def check_bound(answer, intensity: float, ridge: float) -> str:
-    """'memory' or 'compute': what limits a run of `intensity` FLOP/byte on a machine whose ridge is `ridge`."""
-    expect(answer in ("memory", "compute"), "answer 'memory' or 'compute'.")
-    right = "memory" if intensity < ridge else "compute"
-    expect(answer == right, f"compare the run's intensity ({intensity:.2f} FLOP/byte) with the ridge point "
-                            f"({ridge:.1f} FLOP/byte): left of the ridge, the bandwidth roof is the lower one.")
-    return f"{right}-bound: {intensity:.2f} FLOP/byte is {'below' if right == 'memory' else 'above'} the ridge."
+@hints("A batch of b sequences does b times the FLOPs of one, but reads the weights only once.",
+       "With short contexts the weights dominate the bytes: intensity(b) ~ 2 x b x parameters / (parameters x bytes "
+       "per number) = 2b / bytes per number. Set it equal to the ridge.",
+       "answer = ridge * bytes_per_element / 2, rounded up (a little more once the KV cache counts)")
+def check_ridge_batch(answer, cfg, past: int, bytes_per_element: int, ridge: float) -> str:
+    """The batch size at which decode (after `past` tokens) reaches the machine's ridge point, predicted."""
+    expect(answer is not None, "assign your prediction, a number of sequences, to `answer`.")
+    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer),
+           "give a number of sequences, such as 16.")
+    right = ridge_batch(cfg, past, bytes_per_element, ridge)
+    expect(right is not None, "at this context the KV cache grows as fast as the FLOPs: no batch reaches the ridge.")
+    expect(answer >= 1, "a batch holds at least one sequence.")
+    if 1.6 * right <= answer <= 2.5 * right:
+        expect(False, f"{answer:g} is about twice too big: each weight does 2 FLOPs per sequence (a multiply and an "
+                      "add), so intensity ~ 2 x batch / bytes per number.")
+    if right / 2.5 <= answer <= right / 1.6:
+        expect(False, f"{answer:g} is about half the answer: intensity ~ 2 x batch / bytes per number, so "
+                      "batch ~ ridge x bytes per number / 2. Did you take 1 FLOP per weight, or the wrong bytes?")
+    expect(0.75 * right <= answer <= 1.33 * right,
+           f"{answer:g} is off: solve 2 x batch / {bytes_per_element} (bytes per number) = {ridge:.1f} (the ridge).")
+    return f"about {right} sequences: below that, more sequences cost almost nothing; above it, the arithmetic does."
 
 
 @exercise
+@hints("Every token reads every weight once, and nothing else matters much at batch 1.",
+       "tokens per second = bytes per second the memory delivers / bytes each token reads.",
+       "ceiling = bandwidth / weight_bytes")
 def check_decode_ceiling(answer, weight_bytes: float, bandwidth: float) -> str:
     """The most tokens/s batch-1 decode can reach: bandwidth / bytes read per token (the weights)."""
     expect(answer is not None, "assign a number of tokens per second to `answer`.")
