@@ -1,0 +1,126 @@
+"""Notebook 08's exercise checks: the solutions pass, typical wrong answers fail with a helpful hint."""
+
+from __future__ import annotations
+
+import hashlib
+
+from exercise_helpers import load_solutions, not_yet, unattempted
+
+from llm_anatomy.exercises import ch08, hint, reset_hints
+
+solutions = load_solutions("ch08")
+
+
+def test_solutions_pass():
+    for verdict in (ch08.check_allocator(solutions.MyAllocator), ch08.check_admission(solutions.admit),
+                    ch08.check_block_keys(solutions.block_keys)):
+        assert verdict.passed, verdict
+
+
+# --------------------------------------------------------------------------- 8.1 the allocator
+
+
+class _FreesAtOnce(solutions.MyAllocator):
+    def release(self, block):  # the typical mistake: ignores the other holders
+        self.refs[block] = max(0, self.refs[block] - 1)
+        if block not in self.free:
+            self.free.append(block)
+
+
+class _NeverRefuses(solutions.MyAllocator):
+    def allocate(self):
+        if not self.free:
+            return 0
+        return super().allocate()
+
+
+class _KeepsFreeList(solutions.MyAllocator):
+    def allocate(self):
+        block = self.free[-1]  # forgets to take it off the free list
+        self.refs[block] = 1
+        return block
+
+
+class _NoDoubleFreeCheck(solutions.MyAllocator):
+    def release(self, block):
+        self.refs[block] = max(0, self.refs[block] - 1)
+        if self.refs[block] == 0:
+            self.free.append(block)
+
+
+def test_allocator_mistakes_get_specific_hints():
+    not_yet(ch08.check_allocator(_FreesAtOnce), "still in use", "refs reaches 0")
+    not_yet(ch08.check_allocator(_NeverRefuses), "must refuse")
+    not_yet(ch08.check_allocator(_KeepsFreeList), "still in use")
+    not_yet(ch08.check_allocator(_NoDoubleFreeCheck), "double free")
+    not_yet(ch08.check_allocator(solutions.MyAllocator(3)), "class itself")
+
+    class Unattempted(solutions.MyAllocator):
+        allocate = unattempted
+
+    not_yet(ch08.check_allocator(Unattempted), "not attempted")
+
+
+# --------------------------------------------------------------------------- 8.2 admission
+
+
+def test_admission_mistakes_get_specific_hints():
+    def ignores_arrival(arrivals, needed, running, free, max_batch, now):
+        return solutions.admit([0.0] * len(arrivals), needed, running, free, max_batch, now)
+
+    def overtakes(arrivals, needed, running, free, max_batch, now):
+        joined = 0
+        for arrival, need in zip(arrivals, needed):
+            if arrival <= now and running + joined < max_batch and need <= free:
+                free -= need
+                joined += 1
+        return joined
+
+    def never_subtracts(arrivals, needed, running, free, max_batch, now):
+        joined = 0
+        for arrival, need in zip(arrivals, needed):
+            if arrival > now or running + joined >= max_batch or need > free:
+                break
+            joined += 1
+        return joined
+
+    def ignores_batch(arrivals, needed, running, free, max_batch, now):
+        return solutions.admit(arrivals, needed, 0, free, 10**6, now)
+
+    not_yet(ch08.check_admission(ignores_arrival), "arrival <= now")
+    not_yet(ch08.check_admission(overtakes), "no overtaking")
+    not_yet(ch08.check_admission(never_subtracts), "subtract")
+    not_yet(ch08.check_admission(ignores_batch), "one slot is free")
+    not_yet(ch08.check_admission(lambda *a: None), "number of requests")
+    not_yet(ch08.check_admission(unattempted), "not attempted")
+
+
+# --------------------------------------------------------------------------- 8.3 chained keys
+
+
+def test_block_key_mistakes_get_specific_hints():
+    def unchained(tokens, block_size):  # each block hashed alone: the typical mistake
+        return [hashlib.sha256(str(tokens[i:i + block_size]).encode()).hexdigest()
+                for i in range(0, len(tokens) - block_size + 1, block_size)]
+
+    def with_partial(tokens, block_size):
+        return solutions.block_keys(tokens + [0] * (-len(tokens) % block_size), block_size)
+
+    def whole_prompt(tokens, block_size):
+        key = hashlib.sha256(str(tokens).encode()).hexdigest()
+        return [key] * (len(tokens) // block_size)
+
+    not_yet(ch08.check_block_keys(unchained), "Chain each key")
+    not_yet(ch08.check_block_keys(with_partial), "partial block")
+    not_yet(ch08.check_block_keys(whole_prompt), "share those 3 keys")
+    not_yet(ch08.check_block_keys(lambda t, b: "abc"), "list")
+    not_yet(ch08.check_block_keys(unattempted), "not attempted")
+
+
+def test_every_check_has_hints_revealed_one_at_a_time():
+    reset_hints()
+    for check in (ch08.check_allocator, ch08.check_admission, ch08.check_block_keys):
+        shown = [len(ch08.hint(check).shown) for _ in range(4)]
+        assert shown == [1, 2, 3, 3], check.__name__
+        assert "solution" in str(hint(check))
+    reset_hints()

@@ -1,0 +1,87 @@
+"""The serving pictures: the block grid's cells, the Gantt bars, the heatmap's line, the widget's HTML."""
+
+from __future__ import annotations
+
+import re
+
+import matplotlib
+import numpy as np
+import pytest
+from tiny_models import tiny_llama
+
+matplotlib.use("Agg")
+
+from llm_anatomy.batching import Request, run_static  # noqa: E402
+from llm_anatomy.paged_kv import FREE, SHARED, PagedKVPool  # noqa: E402
+from llm_anatomy.scheduler import ContinuousScheduler  # noqa: E402
+from llm_anatomy.scratch import ScratchLlama  # noqa: E402
+from llm_anatomy.views.serving import (CACHED, block_grid, colour_of, plot_block_grid,  # noqa: E402
+                                       plot_decode_heatmap, plot_gantt, request_state, scheduler_html)
+
+COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(tiny_llama())
+
+
+def test_block_grid_marks_owners_shared_cached_and_free():
+    history = [(1, {0: [0, 1], 1: [2]}, []), (2, {1: [2, 0], 2: [0]}, [1]), (3, {}, [1, 2])]
+    grid = block_grid(history, 4)
+    np.testing.assert_array_equal(grid, [[0, 0, 1, FREE], [SHARED, CACHED, 1, FREE], [FREE, CACHED, CACHED, FREE]])
+    assert len({colour_of(v) for v in (0, 1, 2, FREE, SHARED, CACHED)}) == 6
+    assert colour_of(3) == colour_of(3) and re.fullmatch(r"#[0-9a-f]{6}", colour_of(17))
+
+
+def test_plots_draw_and_label_their_axes(tiny):
+    import matplotlib.pyplot as plt
+
+    reqs = [Request([5, 6, 7], n, arrival_s=0.01 * i) for i, n in enumerate([1, 6, 2, 3])]
+    static = run_static(tiny, reqs, max_batch=2, cost=COST)
+    ax = plot_gantt(static)
+    assert "(s)" in ax.get_xlabel() and ax.get_ylabel() == "batch slot"
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert hatched, "a finished request holding its static row is drawn hatched"
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 16, 4), max_batch=2, prefix_cache=True, cost=COST)
+    sched.run(reqs)
+    ax = plot_block_grid(sched.history, 16)
+    assert ax.get_xlabel() == "block id in the pool" and "iteration" in ax.get_ylabel()
+    assert ax.images[0].get_array().shape == (len(sched.history), 16, 3)
+    speeds = np.array([[10.0, 9.0, 8.0], [35.0, 25.0, np.nan]])
+    ax = plot_decode_heatmap(speeds, [1, 4], [256, 1024, 4096], 2000.0)
+    assert "tokens" in ax.get_xlabel() and "sequences" in ax.get_ylabel()
+    line = ax.lines[0]
+    x, y = line.get_xdata(), line.get_ydata()
+    ok = ~np.isnan(x)
+    assert ok.any()
+    # along the line, batch x context stays 2000 tokens (cell coordinates back to values on the power axes)
+    batch = np.exp(np.interp(y[ok], [0, 1], np.log([1, 4])))
+    context = np.exp(np.interp(x[ok], [0, 1, 2], np.log([256, 1024, 4096])))
+    np.testing.assert_allclose(batch * context, 2000.0, rtol=1e-6)
+    assert [t.get_text() for t in ax.texts][-1] == "-"  # the cell not measured
+    plt.close("all")
+
+
+def test_scheduler_html_shows_blocks_requests_and_states(tiny):
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 8, 4), max_batch=1, max_batched_tokens=4,
+                                prefix_cache=True, cost=COST)
+    a = sched.submit(Request([5, 6, 7, 8, 9, 10], 2))
+    b = sched.submit(Request([5, 6, 7, 8, 11], 2))
+    assert [request_state(a), request_state(b)] == ["waiting", "waiting"]
+    html = scheduler_html(sched)
+    assert html.count('class="la-serving-block la-serving-free"') == 8 and "la-serving-summary" in html
+    sched.step()  # a: admitted, its first chunk of 4 prompt tokens
+    assert request_state(a) == "prefilling" and request_state(b) == "waiting"
+    html = scheduler_html(sched)
+    assert html.count("la-serving-block la-serving-used") == 1 and 'data-request="0"' in html
+    assert "iteration 1" in html and "1 in the batch, 1 waiting" in html
+    sched.step()  # the rest of the prompt: the first token
+    assert request_state(a) == "decoding"
+    while sched.step():
+        pass
+    assert request_state(a) == request_state(b) == "finished"
+    html = scheduler_html(sched)
+    assert html.count("la-serving-block la-serving-cached") == len(sched.prefix_cache) >= 1
+    assert re.search(r'title="block \d+: cached, refcount 1"', html)
+    assert b.cached == 4  # b found a's first block in the cache

@@ -1,0 +1,52 @@
+"""Solutions to the exercises of notebook 08 (serving many users)."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+class MyAllocator:
+    """Exercise 8.1: a free list and a count of holders per block."""
+
+    def __init__(self, num_blocks):
+        self.free = list(range(num_blocks))  # block ids nobody holds
+        self.refs = [0] * num_blocks  # how many requests hold each block
+
+    def allocate(self):
+        if not self.free:
+            raise RuntimeError("no free block")
+        block = self.free.pop()
+        self.refs[block] = 1
+        return block
+
+    def share(self, block):
+        if self.refs[block] == 0:
+            raise RuntimeError(f"block {block} is free")
+        self.refs[block] += 1
+
+    def release(self, block):
+        if self.refs[block] == 0:
+            raise RuntimeError(f"block {block} is free already")
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free.append(block)
+
+
+def admit(arrivals, blocks_needed, running, free_blocks, max_batch, now):
+    """Exercise 8.2: how many requests at the head of the queue join the batch now."""
+    joined = 0
+    for arrival, need in zip(arrivals, blocks_needed):
+        if arrival > now or running + joined >= max_batch or need > free_blocks:
+            break
+        free_blocks -= need
+        joined += 1
+    return joined
+
+
+def block_keys(tokens, block_size):
+    """Exercise 8.3: one key per full block, each hashing the key before it and the block's tokens."""
+    keys, parent = [], ""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hashlib.sha256((parent + str(tokens[start:start + block_size])).encode()).hexdigest()
+        keys.append(parent)
+    return keys
