@@ -18,9 +18,10 @@ PACKAGE = ROOT / "lib" / "llm_anatomy"
 
 # Layer of each module, from the bottom; a module may import only from its own layer or below.
 BASE = {"errors", "device", "paths", "claims"}
-MATHS = {"pretokenize", "bpe_train", "bpe_hf", "bpe", "embeddings", "rope", "attention", "kv_cache", "sampling"}
-MODEL = {"scratch", "logit_lens", "models", "paged_kv", "quantize"}
-DECODING = {"decode", "generation", "chat"}
+MATHS = {"pretokenize", "bpe_train", "bpe_hf", "bpe", "embeddings", "rope", "attention", "kv_cache", "sampling",
+         "tiled_attention"}
+MODEL = {"scratch", "logit_lens", "models", "paged_kv", "quantize", "gguf_blocks", "fused"}
+DECODING = {"decode", "generation", "chat", "batching", "prefix_cache", "scheduler", "speculative"}
 
 
 def layer_of(module: str) -> int:

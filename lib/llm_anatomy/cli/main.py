@@ -7,10 +7,11 @@ import sys
 
 from ..errors import CourseError
 from . import check, doctor
-from .bench import decode, load, stepper, tokenizer
+from .bench import decode, fast, load, serving, stepper, tokenizer
 
 # bench topics: each module's main(argv) prints its figures (one JSON object with --json)
-BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "tokenizer": tokenizer.main}
+BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "tokenizer": tokenizer.main,
+           "serving": serving.main, "fast": fast.main}
 
 
 def fetch(argv: list[str]) -> int:

@@ -1,0 +1,126 @@
+"""Checks for notebook 09 (making decode fast): a Q4_1 block, the online softmax, the speculative rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import call, exercise, expect
+
+
+def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
+    """n random Q4_1 blocks of 20 bytes: fp16 d > 0, fp16 m, 16 bytes of codes."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(n):
+        d = np.array([rng.uniform(0.001, 0.05)], dtype=np.float16)
+        m = np.array([rng.uniform(-0.4, 0.1)], dtype=np.float16)
+        codes = rng.integers(0, 256, size=16, dtype=np.uint8)
+        blocks.append(np.concatenate([d.view(np.uint8), m.view(np.uint8), codes]))
+    return blocks
+
+
+def _as_floats(out, what: str) -> torch.Tensor:
+    expect(out is not None, "your function returns None: end it with `return ...`.")
+    out = torch.as_tensor(np.asarray(out, dtype=np.float32) if not isinstance(out, torch.Tensor) else out)
+    expect(out.numel() == 32, f"return the block's 32 weights, not {out.numel()} numbers ({what}).")
+    return out.reshape(-1).float()
+
+
+@exercise
+def check_dequantize_q4_1_block(dequantize_block) -> str:
+    """Exercise 9.1: dequantize_block(block) -> the 32 fp32 weights of one 20-byte Q4_1 block."""
+    from ..gguf_blocks import dequantize_q4_1
+
+    expect(callable(dequantize_block), "define a function dequantize_block(block) returning 32 weights.")
+    for block in _q4_1_blocks(6, seed=9):  # blocks you have not seen
+        got = _as_floats(call(dequantize_block, block.copy()), "20 bytes: 2 for d, 2 for m, 16 of codes")
+        want = dequantize_q4_1(block, (1, 32))[0]
+        d, m = float(block[:2].view(np.float16)[0]), float(block[2:4].view(np.float16)[0])
+        low, high = block[4:] & 0x0F, block[4:] >> 4
+        interleaved = torch.tensor(np.stack([low, high], axis=1).reshape(-1), dtype=torch.float32) * d + m
+        swapped = torch.tensor(np.concatenate([high, low]), dtype=torch.float32) * d + m
+        no_min = torch.tensor(np.concatenate([low, high]), dtype=torch.float32) * d
+        expect(got.abs().max() < 1e3, "the weights are huge: read d and m as fp16 numbers (np.float16 or "
+                                      "torch.float16 views of 2 bytes each), not as integers.")
+        expect(not torch.allclose(got, no_min), "every weight is off by the same amount: add the minimum m.")
+        expect(not torch.allclose(got, interleaved), "the codes are in the wrong order: byte j holds weight j in "
+                                                     "its low nibble and weight j + 16 in its high nibble, "
+                                                     "not weights 2j and 2j + 1.")
+        expect(not torch.allclose(got, swapped), "low and high nibbles are swapped: weights 0-15 come from the "
+                                                 "low nibbles (byte & 0x0F), weights 16-31 from the high ones (byte >> 4).")
+        expect(torch.allclose(got, want, rtol=0, atol=1e-6),
+               f"expected {[round(x, 4) for x in want[:4].tolist()]}... got {[round(x, 4) for x in got[:4].tolist()]}... "
+               "Hint: weight = d * code + m, in fp32.")
+    return "weight = d * code + m: 20 bytes for 32 weights, 5 bits each, as llama.cpp reads them."
+
+
+@exercise
+def check_online_update(online_update) -> str:
+    """Exercise 9.2: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
+    from ..tiled_attention import online_softmax_update
+
+    expect(callable(online_update), "define a function online_update(m, l, o, scores, v) returning (m, l, o).")
+    g = torch.Generator().manual_seed(11)
+    scores, v = torch.randn(3, 24, generator=g) * 4, torch.randn(24, 5, generator=g)  # 3 queries, 24 keys
+    scores[:, 16:] += 6  # the last block holds the largest scores: the old sums must shrink
+    ours = (torch.full((3, 1), float("-inf")), torch.zeros(3, 1), torch.zeros(3, 5))
+    state = ours
+    for start in range(0, 24, 8):
+        block = (scores[:, start:start + 8], v[start:start + 8])
+        ref = online_softmax_update(*ours, *block)
+        out = call(online_update, *(t.clone() for t in state), *(t.clone() for t in block))
+        expect(isinstance(out, (tuple, list)) and len(out) == 3, "return three tensors: (m, l, o).")
+        m, l, o = (torch.as_tensor(t).float() for t in out)
+        expect(m.shape == (3, 1) and l.shape == (3, 1) and o.shape == (3, 5),
+               f"keep the shapes: m and l [queries, 1], o [queries, d]; got {tuple(m.shape)}, {tuple(l.shape)}, "
+               f"{tuple(o.shape)}.")
+        expect(torch.allclose(m, ref[0]), "m is the running maximum: torch.maximum(m, scores.amax(-1, keepdim=True)).")
+        if start and bool((ref[0] > state[0]).any()):  # this block raised the maximum of some rows
+            block_sum = torch.exp(scores[:, start:start + 8] - ref[0]).sum(-1, keepdim=True)
+            expect(not torch.allclose(l, state[1] + block_sum, rtol=1e-4),
+                   "the old sum l was counted against the old maximum: multiply it by exp(m_old - m_new) first.")
+            expect(not torch.allclose(l, state[1] * torch.exp(ref[0] - state[0]) + block_sum, rtol=1e-4),
+                   "the rescale factor is upside down: exp(m_old - m_new), which is at most 1, not exp(m_new - m_old).")
+        expect(torch.allclose(l, ref[1], rtol=1e-4), "l: rescale the old sum by exp(m_old - m_new), then add "
+                                                     "exp(scores - m_new) summed over the block.")
+        expect(torch.allclose(o, ref[2], rtol=1e-4, atol=1e-5), "o: rescale the old o the same way as l, then add "
+                                                                "exp(scores - m_new) @ v.")
+        ours, state = ref, (m, l, o)
+    expect(torch.allclose(state[2] / state[1], torch.softmax(scores, -1) @ v, atol=1e-5), "o / l should equal softmax @ v.")
+    return "three blocks folded one at a time give softmax(scores) @ v exactly, without ever holding all the scores."
+
+
+def _pairs():
+    g = torch.Generator().manual_seed(5)
+    for size, spread in ((6, 1.0), (30, 2.5), (12, 0.3)):
+        p = torch.softmax(torch.randn(size, generator=g) * spread, dim=-1).double()
+        q = torch.softmax(torch.randn(size, generator=g) * spread, dim=-1).double()
+        yield p, q
+    p = torch.tensor([0.7, 0.2, 0.1, 0.0], dtype=torch.float64)
+    yield p, torch.tensor([0.0, 0.1, 0.2, 0.7], dtype=torch.float64)  # a bad draft, with zeros on both sides
+
+
+@exercise
+def check_speculative_rule(acceptance_probability, residual) -> str:
+    """Exercise 9.3: acceptance_probability(p, q, x) and residual(p, q): together, the output is distributed as p."""
+    expect(callable(acceptance_probability) and callable(residual),
+           "define acceptance_probability(p, q, x) and residual(p, q).")
+    for p, q in _pairs():
+        accept = torch.tensor([float(call(acceptance_probability, p.clone(), q.clone(), x)) if q[x] > 0 else 0.0
+                               for x in range(p.numel())], dtype=torch.float64)
+        expect(bool((accept <= 1 + 1e-9).all()), "a probability cannot exceed 1: min(1, p[x] / q[x]).")
+        expect(bool((accept >= 0).all()), "a probability cannot be negative.")
+        r = torch.as_tensor(call(residual, p.clone(), q.clone())).double()
+        expect(r.shape == p.shape, f"residual(p, q) returns a distribution over the vocabulary, shape {tuple(p.shape)}.")
+        kept = q * accept  # P(draft x and keep it)
+        rejected = 1 - kept.sum()
+        if rejected > 1e-9:
+            expect(abs(float(r.sum()) - 1) < 1e-6, f"the residual sums to {float(r.sum()):.3f}: normalise it.")
+            expect(not torch.allclose(r, p), "resampling from p itself counts the tokens the draft already gave "
+                                             "twice: sample from max(p - q, 0), normalised.")
+        output = kept + rejected * r  # the distribution of the token that comes out
+        expect(torch.allclose(output, p, atol=1e-6),
+               f"the tokens would come out as {[round(x, 3) for x in output.tolist()[:5]]}..., not as p = "
+               f"{[round(x, 3) for x in p.tolist()[:5]]}... Hint: accept with min(1, p[x] / q[x]).")
+    return "kept drafts give min(p, q); the residual adds exactly what is missing, max(p - q, 0): together p."
