@@ -73,3 +73,26 @@ def test_every_check_has_hints_that_start_with_a_nudge():
         assert first.total >= 2 and len(first.shown) == 1
         assert "return" not in first.shown[0] and "=" not in first.shown[0]
     reset_hints()
+
+
+def test_step_bounds_solution_and_mistakes():
+    assert ch07.check_step_bounds(solutions.step_bounds).passed
+
+    def with_bounds(**change):
+        def step_bounds(flops, moved, ops, peak, bandwidth, per_op):
+            bounds = {"compute": flops / peak, "memory": moved / bandwidth, "overhead": ops * per_op}
+            bounds.update({key: make(flops, moved, ops, peak, bandwidth, per_op) for key, make in change.items()})
+            return bounds, max(bounds, key=bounds.get)
+        return step_bounds
+
+    not_yet(ch07.check_step_bounds(with_bounds(compute=lambda f, m, o, p, b, c: f * p)), "multiplied")
+    not_yet(ch07.check_step_bounds(with_bounds(memory=lambda f, m, o, p, b, c: m / p)), "by the bandwidth")
+    not_yet(ch07.check_step_bounds(with_bounds(overhead=lambda f, m, o, p, b, c: o / c)), "ops x seconds per op")
+
+    def smallest(*args):
+        bounds, _ = solutions.step_bounds(*args)
+        return bounds, min(bounds, key=bounds.get)
+
+    not_yet(ch07.check_step_bounds(smallest), "LARGEST")
+    not_yet(ch07.check_step_bounds(lambda *args: solutions.step_bounds(*args)[0]), "two things")
+    not_yet(ch07.check_step_bounds(unattempted), "not attempted")

@@ -21,6 +21,12 @@ def ridge_batch(ridge, bytes_per_element):
     return math.ceil(ridge * bytes_per_element / 2)
 
 
+def step_bounds(flops, bytes_moved, ops, peak_flops, bandwidth, per_op_s):
+    """Exercise 7.3: the three lower bounds on a step's time (seconds), and the regime: the largest of them."""
+    bounds = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": ops * per_op_s}
+    return bounds, max(bounds, key=bounds.get)
+
+
 def decode_ceiling(weight_bytes, bandwidth):
-    """Exercise 7.3: every token reads every weight once: bytes/s divided by bytes per token."""
+    """Exercise 7.4: every token reads every weight once: bytes/s divided by bytes per token."""
     return bandwidth / weight_bytes

@@ -1,5 +1,6 @@
 """Checks for notebook 07 (prefill and decode): the FLOPs and bytes of one decode step, the batch at which decode
-reaches the ridge point (predicted, then measured), and the bandwidth ceiling of batch-1 decode.
+reaches the ridge point (predicted, then measured), a step's three lower bounds and its regime, and the bandwidth
+ceiling of batch-1 decode.
 
 The work count is checked against llm_anatomy.measure.forward_work on model shapes the notebook never used.
 """
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-from ..measure.roofline import block_parameters, forward_work
+from ..measure.overhead import REGIMES, regime, regime_times
+from ..measure.peaks import Peaks
+from ..measure.roofline import Work, block_parameters, forward_work
 from ..models.random import RANDOM_SHAPES
 from ..scratch import ScratchConfig
 from . import exercise, expect, hints
@@ -115,6 +118,58 @@ def check_ridge_batch(answer, cfg, past: int, bytes_per_element: int, ridge: flo
     expect(0.75 * right <= answer <= 1.33 * right,
            f"{answer:g} is off: solve 2 x batch / {bytes_per_element} (bytes per number) = {ridge:.1f} (the ridge).")
     return f"about {right} sequences: below that, more sequences cost almost nothing; above it, the arithmetic does."
+
+
+# (what the step is, FLOPs, bytes, ops, peak FLOP/s, bandwidth bytes/s, seconds per op): one of each regime, and
+# machines the notebook never measured
+_STEPS = [("a long prefill on a big GPU", 2.4e13, 6.1e9, 900, 7.0e14, 3.3e12, 4e-6),
+          ("a 7B model's decode step on a laptop", 1.4e10, 1.4e10, 1100, 2.0e12, 1.0e11, 6e-6),
+          ("a small model's decode step on a GPU", 2.7e8, 2.7e8, 1500, 1.5e14, 2.0e12, 5e-6),
+          ("a tiny model on a slow CPU", 3.0e5, 6.0e5, 40, 5.0e10, 1.0e10, 2e-5)]
+
+
+@exercise
+@hints("Each resource alone sets a floor on the time: how long would the step take if only the arithmetic "
+       "counted? Only the bytes? Only the number of ops?",
+       "compute = FLOPs / peak FLOP/s, memory = bytes / bandwidth, overhead = ops x seconds per op; all three are "
+       "seconds. The step can be no faster than the slowest of them.",
+       "bounds = {'compute': flops / peak_flops, 'memory': bytes_moved / bandwidth, 'overhead': ops * per_op_s}; "
+       "return bounds, max(bounds, key=bounds.get)")
+def check_step_bounds(step_bounds) -> str:
+    """step_bounds(flops, bytes_moved, ops, peak_flops, bandwidth, per_op_s) -> (bounds in seconds, regime name)."""
+    expect(callable(step_bounds), "define step_bounds(flops, bytes_moved, ops, peak_flops, bandwidth, per_op_s).")
+    seen = set()
+    for what, flops, moved, ops, peak, bandwidth, per_op in _STEPS:
+        want = regime_times(Work(flops, moved), ops, Peaks("cpu", "fp32", peak, bandwidth, "given"), per_op)
+        got = step_bounds(flops, moved, ops, peak, bandwidth, per_op)
+        expect(isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict),
+               "return two things: a dict of the three bounds in seconds, and the regime's name.")
+        bounds, name = got
+        expect(set(bounds) == set(REGIMES), f"the dict's keys must be {list(REGIMES)}, not {sorted(bounds)}.")
+        for key in REGIMES:
+            value = float(bounds[key])
+            if _close(value, want[key]):
+                continue
+            wrong = {"compute": (flops * peak, "compute: FLOPs / FLOP/s gives seconds; you multiplied."),
+                     "memory": (moved * bandwidth, "memory: bytes / (bytes/s) gives seconds; you multiplied."),
+                     "overhead": (ops / per_op, "overhead: ops x seconds per op, not ops / seconds per op.")}[key]
+            expect(not _close(value, wrong[0]), f"{what}: {wrong[1]}")
+            if key == "compute":
+                expect(not _close(value, flops / bandwidth), f"{what}: divide the FLOPs by the peak FLOP/s, "
+                                                             "not by the bandwidth.")
+            if key == "memory":
+                expect(not _close(value, moved / peak), f"{what}: divide the bytes by the bandwidth, not by the "
+                                                        "peak FLOP/s.")
+            expect(False, f"{what}: the {key} bound should be {want[key]:.3g} s, got {value:.3g} s.")
+        right = regime(want)
+        if name == min(REGIMES, key=want.get) and name != right:
+            expect(False, f"{what}: you named the smallest bound ({name}); the step can be no faster than the "
+                          f"LARGEST, so it is {right}-bound.")
+        expect(name == right, f"{what}: the largest bound is {right}, so the step is {right}-bound, not {name!r}.")
+        seen.add(right)
+    expect(seen == set(REGIMES), "internal: the checks should cover every regime.")
+    return ("a step is bound by whichever floor is highest: the roofline alone misses the third one, the cost of "
+            "issuing each op.")
 
 
 @exercise
