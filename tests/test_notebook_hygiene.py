@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 import tomllib
@@ -77,6 +78,50 @@ def test_chapters_name_the_claims_they_demonstrate(notebook):
         pytest.skip("the tour demonstrates no claim of its own")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert re.search(r"\bC\d{1,2}\b", text), f"{path.name} does not say which claims (C1..C12) it demonstrates"
+
+
+def _discarded_verdicts(source: str) -> list[int]:
+    """Lines where a cell calls claim(...) or reading(...) and drops the verdict it returns.
+
+    Jupyter shows only the value of a cell's last top-level expression: any other verdict must be display()ed,
+    or the learner never sees the evidence (a failing claim still raises).
+    """
+    source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
+    dropped = []
+
+    def walk(body, top):
+        for i, statement in enumerate(body):
+            shown = top and i == len(body) - 1
+            value = statement.value if isinstance(statement, ast.Expr) else None
+            calls = [value] if isinstance(value, ast.Call) else [value.body, value.orelse] if isinstance(
+                value, ast.IfExp) else []
+            if not shown and any(isinstance(c, ast.Call) and getattr(c.func, "id", None) in ("claim", "reading")
+                                 for c in calls):
+                dropped.append(statement.lineno)
+            for part in (getattr(statement, name, None) for name in ("body", "orelse", "finalbody")):
+                if isinstance(part, list) and part and isinstance(part[0], ast.stmt):
+                    walk(part, False)
+            for handler in getattr(statement, "handlers", []):
+                walk(handler.body, False)
+
+    walk(ast.parse(source).body, True)
+    return dropped
+
+
+def test_every_claim_verdict_is_shown(notebook):
+    path, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            lines = _discarded_verdicts(cell.source)
+            assert not lines, (f"{path.name}, cell {index}, line {lines[0]}: the verdict of claim()/reading() is dropped "
+                               "(only a cell's last top-level expression is shown): wrap it in display(...)")
+
+
+def test_a_dropped_verdict_is_found():
+    assert _discarded_verdicts("claim('C1', True, 'x')\nprint(1)") == [1]
+    assert _discarded_verdicts("if gpu:\n    reading('C1', 'x')\nelse:\n    print(2)") == [2]
+    assert _discarded_verdicts("claim('C1', ok, 'x') if cpu else reading('C1', 'x')\ny = 2") == [1]
+    assert _discarded_verdicts("display(claim('C1', True, 'x'))\nprint(1)\nreading('C2', 'y')") == []
 
 
 def test_readme_lists_every_notebook():

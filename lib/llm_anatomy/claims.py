@@ -2,7 +2,8 @@
 
     claim("C8", torch.equal(cached, uncached), f"{n} tokens, identical: {torch.equal(cached, uncached)}")
 
-prints one line, a verdict with the evidence, and raises ClaimFailed when the evidence does not hold, so that
+returns one line, a verdict with the evidence, that the notebook shows (as a cell's last expression, or through
+display(...)), and raises ClaimFailed when the evidence does not hold, so that
 the notebook run (and CI, which runs every notebook) fails instead of printing "identical: False" beside prose
 that says the opposite. Use `claim` only for what must hold on any machine: exactness, identical tokens in
 fp32, bytes equal to a formula, a speedup > 1. What depends on the hardware (how close to a roof) is not a
