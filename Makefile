@@ -1,12 +1,19 @@
 # LLM Anatomy: two commands do everything.
 #   make lab    set up (venv, pinned packages, the offline model) and open JupyterLab
-#   make test   the same set-up, then every test: unit, nbval on every notebook, browser
+#   make test   the same set-up, then every test: unit, nbval on every notebook, browser, the executed book
+# And to look before you run:
+#   make site          the course executed, as a static HTML book in build/site/ (prints where to open it)
+#   make screenshots   the README's pictures in docs/images/ (committed), from the real widgets and notebook 07
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
+NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
+# Keep what nbval executes (outputs, figures) in build/executed/ for the book, so that no notebook runs twice.
+# tools/site/capture.py only reads nbval's results; it also puts tests/browser/test_site.py after the notebooks.
+BOOK_CAPTURE := -p tools.site.capture --executed-to=build/executed
 
-.PHONY: lab test setup model doctor bench notebooks lock clean
+.PHONY: lab test site screenshots setup model doctor bench notebooks lock clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "LLM Anatomy needs Python 3.11 or newer (transformers 5 does); found " + sys.version.split()[0])'
@@ -30,7 +37,23 @@ lab: model
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: model
-	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env --nbval-cell-timeout=900 -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests notebooks $(NBVAL) -p no:cacheprovider $(BOOK_CAPTURE) $(PYTEST_ARGS)
+
+# The book: nbval executes every notebook once on this machine's default device (outputs kept), the browser tests
+# save the widget stills and check the book, then the book is rendered from that one execution. A notebook that
+# fails stops it with the notebook and cell named; a missing widget still is reported (a placeholder in its page).
+site: model
+	@status=0; $(BIN)/python -m pytest notebooks tests/browser $(NBVAL) -p no:cacheprovider $(BOOK_CAPTURE) \
+	    $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m tools.site build || exit 1; exit $$status
+
+# The README's pictures (docs/images/, committed): the stepper mid-generation and the attention explorer as
+# Chromium renders them in JupyterLab, and notebook 07's measured roofline. Needs chromium.
+screenshots: model
+	$(BIN)/python -m pytest notebooks/07_prefill_and_decode.ipynb $(NBVAL) -p no:cacheprovider $(BOOK_CAPTURE) -q
+	LLM_ANATOMY_README_IMAGES=1 $(BIN)/python -m pytest -p no:cacheprovider -m browser -q \
+	    tests/browser/test_03_attention.py tests/browser/test_site.py::test_readme_stepper_mid_generation
+	$(BIN)/python -m tools.site readme-images
 
 doctor: setup
 	$(BIN)/python -m llm_anatomy doctor

@@ -1,0 +1,87 @@
+"""tools/site/capture.py with a real nbval run on two tiny notebooks: what nbval executed is kept, once.
+
+One pytest run in a subprocess (a kernel starts per notebook): a notebook that passes keeps its outputs, a
+widget's repr and execution counts; a notebook that fails keeps the error, and the book's build names it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tools.site import build as site  # noqa: E402
+from tools.site.capture import META_KEY, source_digest  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("capture")
+    notebooks, executed = tmp / "notebooks", tmp / "executed"
+    notebooks.mkdir()
+    good = new_notebook(cells=[
+        new_markdown_cell("# 01 · Good"),
+        new_code_cell("print('hello')\n6 * 7"),
+        new_code_cell("import ipywidgets as W\nbox = W.VBox([W.HTML('x')])\nbox.add_class('la-demo')\nbox"),
+        new_code_cell("from IPython.display import HTML\nHTML('<b>bold</b>')"),
+    ])
+    bad = new_notebook(cells=[
+        new_markdown_cell("# 02 · Bad"),
+        new_code_cell("x = 1"),
+        new_code_cell("1 / 0"),
+        new_code_cell("print('after')"),
+    ])
+    nbformat.write(good, str(notebooks / "01_good.ipynb"))
+    nbformat.write(bad, str(notebooks / "02_bad.ipynb"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(notebooks), "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+         "-p", "tools.site.capture", f"--executed-to={executed}", "-q", f"--rootdir={tmp}", "-o", "addopts="],
+        cwd=ROOT, capture_output=True, text=True, timeout=540)
+    return notebooks, executed, proc
+
+
+def test_nbval_still_reports_as_before(run):
+    _, _, proc = run
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 failed, 5 passed" in proc.stdout, proc.stdout[-3000:]
+    assert "02_bad.ipynb::Cell 1" in proc.stdout
+
+
+def test_a_passing_notebook_is_kept_with_its_outputs(run):
+    notebooks, executed, _ = run
+    nb = nbformat.read(str(executed / "01_good.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == [1, 2, 3]
+    assert [c.metadata[META_KEY]["status"] for c in code] == ["passed"] * 3
+    assert code[0].outputs[0].text == "hello\n" and code[0].outputs[1].data["text/plain"] == "42"
+    assert code[0].outputs[1].execution_count == 1
+    widget = code[1].outputs[0].data
+    assert site.WIDGET_MIME in widget and site._widget_class(code[1].outputs[0]) == ("la-demo", "VBox")
+    assert code[2].outputs[0].data["text/html"] == "<b>bold</b>"
+    meta = nb.metadata[META_KEY]
+    assert meta["source_digest"] == source_digest(nbformat.read(str(notebooks / "01_good.ipynb"), as_version=4))
+    assert meta["environment"]["python"] and meta["environment"]["executed_at"]
+    assert (executed / "environment.json").is_file()
+    # The notebook in notebooks/ is untouched: still no outputs.
+    assert all(not c.get("outputs") for c in nbformat.read(str(notebooks / "01_good.ipynb"), as_version=4).cells)
+
+
+def test_a_failing_notebook_keeps_the_error_and_the_build_names_notebook_and_cell(run, tmp_path):
+    notebooks, executed, _ = run
+    nb = nbformat.read(str(executed / "02_bad.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.metadata[META_KEY]["status"] for c in code] == ["passed", "failed", "passed"]
+    assert code[1].outputs[-1].output_type == "error" and code[1].outputs[-1].ename == "ZeroDivisionError"
+    problems = site.load_page(notebooks / "02_bad.ipynb", executed)[1]
+    assert len(problems) == 1
+    assert "02_bad.ipynb, cell 3 of 4 (nbval's Cell 1" in problems[0] and "`1 / 0`" in problems[0]
+    assert "ZeroDivisionError: division by zero" in problems[0]
