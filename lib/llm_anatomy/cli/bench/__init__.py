@@ -1,1 +1,48 @@
-"""`python -m llm_anatomy bench TOPIC`: each topic is a module here with a `main(argv) -> int`."""
+"""`python -m llm_anatomy bench TOPIC`: each topic is a module here with a `main(argv) -> int`.
+
+The model benchmarks (decode, serving, fast) share their options and their output: `parser` makes the common
+options, `set_threads` applies --threads, and `report` prints one JSON object (--json) or a table, with progress on
+stderr while a table is coming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ...errors import CourseError
+
+
+def parser(topic: str, doc: str, model_sizes: list[str], model_help: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every model benchmark takes: --json, --quick, --device, --model-size,
+    --threads."""
+    p = argparse.ArgumentParser(prog=f"python -m llm_anatomy bench {topic}", description=doc.split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
+    p.add_argument("--model-size", default="default", choices=model_sizes, help=model_help)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    return p
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply --threads: torch's CPU threads, at least 1 (None leaves torch's choice)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise CourseError(f"--threads must be at least 1, not {threads}.")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def progress(as_json: bool):
+    """Where a benchmark says what it is doing: stderr for a table, nowhere for --json (stdout stays one object)."""
+    return (lambda message: None) if as_json else (lambda message: print(message, file=sys.stderr))
+
+
+def report(result: dict, as_json: bool, format_table) -> int:
+    """Print the result as one JSON object or as the benchmark's table; the exit status is 0."""
+    print(json.dumps(result, indent=2) if as_json else format_table(result))
+    return 0

@@ -15,19 +15,17 @@ Random weights are honest for timing: speed does not depend on the weight values
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import torch
 
 from ...decode import StaticDecoder, generate_greedy, prefill
 from ...device import default_dtype, pick_device, synchronize, timed
-from ...errors import CourseError
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.timing import time_it
 from ...models.random import random_llama
+from . import parser, progress, report, set_threads
 
 TARGETS = {  # what the course aims for; printed beside the figures, never asserted
     "scratch_vs_transformers": 1.0,
@@ -275,24 +273,13 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_anatomy bench decode", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
-    parser.add_argument("--model-size", default="default", choices=["default", "360m", "1b", "tiny"],
-                        help="default: SmolLM2-135M; 1b: a 1B-shaped random-weight Llama (GPU); tiny: for tests")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    parser.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph measurement")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CourseError(f"--threads must be at least 1, not {args.threads}.")
-        torch.set_num_threads(args.threads)
-    log = (lambda message: print(message, file=sys.stderr)) if not args.json else (lambda message: None)
-    result = run(args.device, args.model_size, args.quick, not args.no_graphs, log)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
-
+    p = parser("decode", __doc__, ["default", "360m", "1b", "tiny"],
+               "default: SmolLM2-135M; 1b: a 1B-shaped random-weight Llama (GPU); tiny: for tests")
+    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph measurement")
+    args = p.parse_args(argv)
+    set_threads(args.threads)
+    return report(run(args.device, args.model_size, args.quick, not args.no_graphs, progress(args.json)), args.json,
+                  format_table)
 
 if __name__ == "__main__":
     sys.exit(main())

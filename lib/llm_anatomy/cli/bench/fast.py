@@ -14,9 +14,7 @@ variants are interleaved, run by run, so that a busy machine slows them all alik
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
 
@@ -33,6 +31,7 @@ from ...measure.roofline import forward_work
 from ...quantize import time_int8_vs_fp32
 from ...speculative import PromptLookupDraft, editing_task, speculative_generate
 from ...tiled_attention import tiled_attention
+from . import parser, progress, report, set_threads
 
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
            "tiled_peak_memory_ratio_4096": 0.1}  # the last one is a ceiling: at most a tenth
@@ -247,24 +246,12 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_anatomy bench fast", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
-    parser.add_argument("--model-size", default="default", choices=["default", "tiny"],
-                        help="default: SmolLM2-135M; tiny: a random-weight model for tests")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true", help="also torch.compile the decode step (slow to warm up)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CourseError(f"--threads must be at least 1, not {args.threads}.")
-        torch.set_num_threads(args.threads)
-    log = (lambda message: print(message, file=sys.stderr)) if not args.json else (lambda message: None)
-    result = run(args.device, args.model_size, args.quick, args.compile, log)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
-
+    p = parser("fast", __doc__, ["default", "tiny"], "default: SmolLM2-135M; tiny: a random-weight model for tests")
+    p.add_argument("--compile", action="store_true", help="also torch.compile the decode step (slow to warm up)")
+    args = p.parse_args(argv)
+    set_threads(args.threads)
+    return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json)), args.json,
+                  format_table)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,13 +17,12 @@ Timings depend on the machine and on what else runs on it (`--threads 1` helps o
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 
 import numpy as np
 import torch
+
+from . import parser, progress, report, set_threads
 
 AIMS = {"continuous_over_static_throughput": 2.0, "paged_utilisation": 0.9, "prefix_hit_ttft_speedup": 3.0}
 
@@ -163,21 +162,11 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_anatomy bench serving", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
-    parser.add_argument("--model-size", default="default", choices=["default", "360m", "1b", "tiny"],
-                        help="the default model, or a Llama of that shape with random weights")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="number format (fp32: the same greedy tokens everywhere)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit("--threads must be 1 or more")
-        torch.set_num_threads(args.threads)
-    log = (lambda message: print(message, file=sys.stderr)) if not args.json else (lambda message: None)
-    result = run(args.device, args.model_size, args.quick, args.dtype, log)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
+    p = parser("serving", __doc__, ["default", "360m", "1b", "tiny"],
+               "the default model, or a Llama of that shape with random weights")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="number format (fp32: the same greedy tokens everywhere)")
+    args = p.parse_args(argv)
+    set_threads(args.threads)
+    return report(run(args.device, args.model_size, args.quick, args.dtype, progress(args.json)), args.json,
+                  format_table)
