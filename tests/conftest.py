@@ -12,6 +12,18 @@ import pytest  # noqa: E402
 from tiny_models import tiny_llama, tiny_llama_config  # noqa: E402,F401  (re-exported for fixtures)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's tests on one torch thread. On a busy two-core machine, two threads that wait for each other
+    at every small tensor operation made small-step tests (fake quantization, speculative rounds) ten times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def tiny_model():
     return tiny_llama()

@@ -14,14 +14,7 @@ from llm_anatomy.tiled_attention import tiled_attention
 from tiny_models import tiny_llama
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: on a busy two-core machine, two threads that wait for each other at every small
-    operation make these tests many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def _ids(batch, seq, seed=0):

@@ -31,14 +31,7 @@ def hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{HF_PARTS[part]}.{kind}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Run this file on one thread. On a busy two-core machine, two threads that wait for each other
-    at every small tensor operation made the fake-quantization tests ten times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

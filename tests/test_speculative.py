@@ -15,13 +15,7 @@ from llm_anatomy.speculative import (LayerSkipDraft, PromptLookupDraft, accept_o
 from tiny_models import tiny_llama
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: on a busy two-core machine two threads waiting for each other slow small steps down."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

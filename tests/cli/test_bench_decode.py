@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import subprocess
-import sys
 
 import pytest
+from bench_helpers import positive, quick_bench_json
 import torch
 
 from llm_anatomy.cli.bench.decode import format_table
@@ -16,34 +12,27 @@ from llm_anatomy.cli.bench.decode import format_table
 
 @pytest.fixture(scope="module")
 def quick_json():
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "bench", "--json", "--quick", "--model-size", "tiny",
-                           "--device", "cpu", "--threads", "1"], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return quick_bench_json("decode")
 
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def test_json_has_every_figure(quick_json):
     r = quick_json
     assert r["device"] == "cpu" and r["model"] == "tiny" and r["quick"] is True and r["threads"] == 1
-    assert _positive(r["peaks"]["matmul_flops_per_s"]) and _positive(r["peaks"]["bandwidth_bytes_per_s"])
+    assert positive(r["peaks"]["matmul_flops_per_s"]) and positive(r["peaks"]["bandwidth_bytes_per_s"])
     g = r["generate"]
     for key in ("scratch_tokens_per_s", "transformers_tokens_per_s", "ratio"):
-        assert _positive(g[key]), key
+        assert positive(g[key]), key
     assert g["same_tokens"] is True  # fp32 on the CPU: the same greedy tokens as transformers
     kv = r["kv_cache"]
     for key in ("with_cache_tokens_per_s", "without_cache_tokens_per_s", "speedup"):
-        assert _positive(kv[key]), key
+        assert positive(kv[key]), key
     assert kv["same_tokens"] is True and kv["first_divergence"] is None
     assert [row["prompt_tokens"] for row in r["prefill"]] == [16, 64]
     assert [row["batch"] for row in r["decode_batch"]] == [1, 4]
     for row in r["prefill"] + r["decode_batch"]:
-        assert all(_positive(row[k]) for k in ("tokens_per_s", "flops_per_s", "intensity"))
-    assert _positive(r["bandwidth_use"]["bytes_per_token"]) and _positive(r["bandwidth_use"]["fraction"])
+        assert all(positive(row[k]) for k in ("tokens_per_s", "flops_per_s", "intensity"))
+    assert positive(r["bandwidth_use"]["bytes_per_token"]) and positive(r["bandwidth_use"]["fraction"])
     assert set(r["targets"]) == {"scratch_vs_transformers", "kv_cache_speedup", "decode_bandwidth_fraction"}
     assert "cuda_graph" not in r  # CPU: no graph
 

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import subprocess
-import sys
 
 import pytest
+from bench_helpers import positive, quick_bench_json
 
 from llm_anatomy.cli.bench.serving import format_table
 
 
 @pytest.fixture(scope="module")
 def quick_json():
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "bench", "serving", "--json", "--quick",
-                           "--model-size", "tiny", "--device", "cpu", "--threads", "1"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return quick_bench_json("serving")
 
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def test_json_has_every_figure(quick_json):
@@ -35,17 +23,17 @@ def test_json_has_every_figure(quick_json):
         m = r[name]
         assert m["requests"] == r["trace"]["requests"] == 8
         for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_req_s"):
-            assert _positive(m[key]) or (key == "goodput_req_s" and m[key] == 0), (name, key)
+            assert positive(m[key]) or (key == "goodput_req_s" and m[key] == 0), (name, key)
         assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["tpot_p50_s"] <= m["tpot_p99_s"]
     assert r["static"]["output_tokens"] == r["continuous"]["output_tokens"]
-    assert _positive(r["continuous_over_static_throughput"])
+    assert positive(r["continuous_over_static_throughput"])
     kv = r["kv_utilisation"]  # simulated, seeded: the same figures on every machine
     assert kv["paged_utilisation"] >= 0.9 and kv["reserve_max_utilisation"] <= 0.38
     p = r["prefix_cache"]
-    assert p["system_tokens"] == 64 and all(_positive(p[k]) for k in ("ttft_miss_s", "ttft_hit_s", "speedup"))
+    assert p["system_tokens"] == 64 and all(positive(p[k]) for k in ("ttft_miss_s", "ttft_hit_s", "speedup"))
     g = r["vs_generate_batch"]
     assert g["same_tokens"] is True  # our scheduler and transformers' generate_batch agree
-    assert all(_positive(g[k]) for k in ("ours_tokens_per_s", "theirs_tokens_per_s", "ratio"))
+    assert all(positive(g[k]) for k in ("ours_tokens_per_s", "theirs_tokens_per_s", "ratio"))
     assert set(r["aims"]) == {"continuous_over_static_throughput", "paged_utilisation", "prefix_hit_ttft_speedup"}
 
 
