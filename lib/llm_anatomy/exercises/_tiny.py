@@ -31,6 +31,20 @@ def reference_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
     return generate_greedy(model, ids, n).tokens[0].tolist()
 
 
+def stop_cases(model, seed: int, shapes):
+    """The cases a loop-that-stops exercise runs: for each (prompt length, max new tokens), a random prompt and two
+    runs, (ids, n, stop_ids, the tokens wanted, the reason wanted): one with a stop id that the model makes mid-way
+    (the answer ends with it), one with stop ids the model never makes (the answer is all n tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    for prompt_len, n in shapes:
+        ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
+        full = reference_tokens(model, ids, n)
+        stop = next((t for i, t in enumerate(full) if i >= 2 and t not in full[:i]), full[0])  # first made mid-way
+        never = [t for t in range(model.cfg.vocab_size) if t not in full][:2]
+        yield ids, n, {stop, never[0]}, full[:full.index(stop) + 1], "stop"
+        yield ids, n, set(never), full, "length"
+
+
 class Recorder:
     """The model as the learner's loop sees it: model(ids, cache=None) gives logits `[batch, seq, vocab]`.
 

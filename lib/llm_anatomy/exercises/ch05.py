@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from . import call, exercise, expect, hints
-from ._tiny import Recorder, as_ids, reference_tokens, tiny_model
+from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
+from ._tiny import Recorder, as_ids, stop_cases, tiny_model
 
 _CASES = [torch.tensor([0.5, 2.0, -1.0, 1.9]), torch.tensor([-3.0, -2.0, -2.5]),
           torch.tensor([7.0, 1.0, 7.5, 0.0, 6.0]), torch.linspace(-2, 2, 50).flip(0)]
@@ -159,32 +159,26 @@ def check_generate_until_stop(generate_until_stop) -> str:
     expect(callable(generate_until_stop),
            "define generate_until_stop(model, ids, max_new_tokens, stop_ids) returning (new ids, reason).")
     model = tiny_model()
-    g = torch.Generator().manual_seed(11)
-    for prompt_len, n in ((5, 12), (9, 8)):
-        ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
-        full = reference_tokens(model, ids, n)
-        stop = next((t for i, t in enumerate(full) if i >= 2 and t not in full[:i]), full[0])  # first made mid-way
-        never = [t for t in range(model.cfg.vocab_size) if t not in full][:2]
-        for stop_ids, want, why in (({stop, never[0]}, full[:full.index(stop) + 1], "stop"),
-                                    (set(never), full, "length")):
-            rec = Recorder(model)
-            out = call(generate_until_stop, rec, ids.clone(), n, stop_ids)
-            expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
-            got, reason = as_ids(out[0], "new token ids"), out[1]
-            expect(len(rec.fed) > 0, "your loop never called the model: logits = model(ids).")
-            expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
-                                        "logits, logits[0, -1] (position 0 predicts the second prompt token).")
-            if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:
-                expect(False, f"every token you made is {got[0]}: append each new token to the ids before the next "
-                              "call, or the model sees the same text again.")
-            if why == "stop":
-                expect(len(got) <= len(want) or got[:len(want)] != want,
-                       f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
-                expect(got != want[:-1], f"keep the stop token {stop} itself as the last token: it is what the model "
-                                         "produced, and what tells the caller why it stopped.")
-            else:
-                expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
-            expect(got == want, f"expected {want}, got {got} (prompt of {prompt_len}, max {n}, stop_ids {sorted(stop_ids)}).")
-            expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}: 'stop' when "
-                                  "a stop id ended the loop, 'length' when max_new_tokens did.")
+    for ids, n, stop_ids, want, why in stop_cases(model, 11, ((5, 12), (9, 8))):
+        prompt_len, stop = ids.shape[1], want[-1]
+        rec = Recorder(model)
+        out = call(generate_until_stop, rec, ids.clone(), n, stop_ids)
+        expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
+        got, reason = as_ids(out[0], "new token ids"), out[1]
+        expect(len(rec.fed) > 0, "your loop never called the model: logits = model(ids).")
+        expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
+                                    "logits, logits[0, -1] (position 0 predicts the second prompt token).")
+        if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:
+            expect(False, f"every token you made is {got[0]}: append each new token to the ids before the next "
+                          "call, or the model sees the same text again.")
+        if why == "stop":
+            expect(len(got) <= len(want) or got[:len(want)] != want,
+                   f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
+            expect(got != want[:-1], f"keep the stop token {stop} itself as the last token: it is what the model "
+                                     "produced, and what tells the caller why it stopped.")
+        else:
+            expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
+        expect(got == want, f"expected {want}, got {got} (prompt of {prompt_len}, max {n}, stop_ids {sorted(stop_ids)}).")
+        expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}: 'stop' when "
+                              "a stop id ended the loop, 'length' when max_new_tokens did.")
     return "run, pick, append, until a stop or the limit, and say which: what GenerationSession does at every step."

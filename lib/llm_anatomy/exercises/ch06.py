@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..kv_cache import KVCache
-from . import call, exercise, expect, hints
-from ._tiny import Recorder, as_ids, reference_tokens, tiny_model
+from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
+from ._tiny import Recorder, as_ids, reference_tokens, stop_cases, tiny_model
 
 # (layers, kv_heads, head_dim, bytes per number) -> bytes per token, from published configs
 _KNOWN = {
@@ -89,43 +89,38 @@ def check_generate_with_cache(generate_with_cache) -> str:
     expect(callable(generate_with_cache),
            "define generate_with_cache(model, ids, max_new_tokens, stop_ids) returning (new ids, reason).")
     model = tiny_model()
-    g = torch.Generator().manual_seed(7)
-    for prompt_len, n in ((6, 10), (3, 6)):
-        ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
-        full = reference_tokens(model, ids, n)
-        stop = next((t for i, t in enumerate(full) if i >= 2 and t not in full[:i]), full[0])
-        never = {t for t in range(model.cfg.vocab_size) if t not in full}
-        for stop_ids, want, why in (({stop}, full[:full.index(stop) + 1], "stop"), (never, full, "length")):
-            rec = Recorder(model)
-            try:
-                out = call(generate_with_cache, rec, ids.clone(), n, stop_ids)
-            except Exception:
-                if not any(shape[1] > 1 for shape in rec.fed[1:]):
-                    raise
-                out = ([], why)  # it fed whole sequences into the cache until it overflowed: the checks below say so
-            expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
-            got, reason = as_ids(out[0], "new ids"), out[1]
-            expect(rec.fed, "your loop never called the model: logits = model(ids, cache).")
-            expect(any(c is not None for c in rec.caches),
-                   "you passed no cache: make one with model.new_cache(1, max_len) and pass it to every call.")
-            caches = {id(c) for c in rec.caches}
-            expect(len(caches) == 1, f"you used {len(caches)} caches: make ONE before the loop, so that each step adds "
-                                     "to what the earlier ones stored.")
-            expect(rec.fed[0] == (1, prompt_len), f"the first call should feed the whole prompt, [1, {prompt_len}] "
-                                                  f"(the prefill), not {list(rec.fed[0])}.")
-            longer = [shape for shape in rec.fed[1:] if shape[1] != 1]
-            expect(not longer, "after the prefill, feed only the newest token, shape [1, 1]; you fed "
-                               f"{list(longer[0]) if longer else ''}: the cache already holds every earlier position.")
-            if why == "stop":
-                expect(len(got) <= len(want) or got[:len(want)] != want,
-                       f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
-            else:
-                expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
-            expect(got == want, f"expected {want}, got {got}: take the last position's logits each time, and keep "
-                                "the stop token.")
-            expect(len(rec.fed) <= len(got) + 1, f"{len(got)} tokens need at most {len(got)} model calls (a prefill and "
-                                                 f"{len(got) - 1} steps); you made {len(rec.fed)}.")
-            expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}.")
+    for ids, n, stop_ids, want, why in stop_cases(model, 7, ((6, 10), (3, 6))):
+        prompt_len, stop = ids.shape[1], want[-1]
+        rec = Recorder(model)
+        try:
+            out = call(generate_with_cache, rec, ids.clone(), n, stop_ids)
+        except Exception:
+            if not any(shape[1] > 1 for shape in rec.fed[1:]):
+                raise
+            out = ([], why)  # it fed whole sequences into the cache until it overflowed: the checks below say so
+        expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
+        got, reason = as_ids(out[0], "new ids"), out[1]
+        expect(rec.fed, "your loop never called the model: logits = model(ids, cache).")
+        expect(any(c is not None for c in rec.caches),
+               "you passed no cache: make one with model.new_cache(1, max_len) and pass it to every call.")
+        caches = {id(c) for c in rec.caches}
+        expect(len(caches) == 1, f"you used {len(caches)} caches: make ONE before the loop, so that each step adds "
+                                 "to what the earlier ones stored.")
+        expect(rec.fed[0] == (1, prompt_len), f"the first call should feed the whole prompt, [1, {prompt_len}] "
+                                              f"(the prefill), not {list(rec.fed[0])}.")
+        longer = [shape for shape in rec.fed[1:] if shape[1] != 1]
+        expect(not longer, "after the prefill, feed only the newest token, shape [1, 1]; you fed "
+                           f"{list(longer[0]) if longer else ''}: the cache already holds every earlier position.")
+        if why == "stop":
+            expect(len(got) <= len(want) or got[:len(want)] != want,
+                   f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
+        else:
+            expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
+        expect(got == want, f"expected {want}, got {got}: take the last position's logits each time, and keep "
+                            "the stop token.")
+        expect(len(rec.fed) <= len(got) + 1, f"{len(got)} tokens need at most {len(got)} model calls (a prefill and "
+                                             f"{len(got) - 1} steps); you made {len(rec.fed)}.")
+        expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}.")
     return "one prefill, then one token per call: each step's work no longer grows with the text."
 
 

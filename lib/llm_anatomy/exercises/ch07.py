@@ -14,7 +14,7 @@ from ..measure.peaks import Peaks
 from ..measure.roofline import Work, block_parameters, forward_work
 from ..models.random import RANDOM_SHAPES
 from ..scratch import ScratchConfig
-from . import exercise, expect, hints
+from . import exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
 
 
 def _config(shape: dict) -> ScratchConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import call, exercise, expect
+from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
 
 
 def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
@@ -28,6 +28,11 @@ def _as_floats(out, what: str) -> torch.Tensor:
 
 
 @exercise
+@hints("Read the table above the exercise: the first 4 bytes are two fp16 numbers, the other 16 hold two codes each.",
+       "NumPy reads bytes as another type with .view: block[0:2].view(np.float16) is d. A byte's low 4 bits are "
+       "byte & 0x0F, its high 4 bits byte >> 4; the low halves are weights 0..15, the high halves 16..31.",
+       "d, m = fp16 at bytes 0-1 and 2-3; codes = np.concatenate([block[4:] & 0x0F, block[4:] >> 4]); "
+       "return torch.tensor(codes, dtype=torch.float32) * d + m")
 def check_dequantize_q4_1_block(dequantize_block) -> str:
     """Exercise 9.1: dequantize_block(block) -> the 32 fp32 weights of one 20-byte Q4_1 block."""
     from ..gguf_blocks import dequantize_q4_1
@@ -56,6 +61,11 @@ def check_dequantize_q4_1_block(dequantize_block) -> str:
 
 
 @exercise
+@hints("Three things change when a block arrives: the running maximum, the sum of exponentials, the weighted values.",
+       "m_new = max(m, the block's max per row). Everything summed so far was measured against m: multiply l and o "
+       "by exp(m - m_new), then add the block's exp(scores - m_new) (to l, summed; to o, times v).",
+       "m_new = torch.maximum(m, scores.amax(-1, keepdim=True)); r = torch.exp(m - m_new); p = torch.exp(scores - "
+       "m_new); return m_new, l * r + p.sum(-1, keepdim=True), o * r + p @ v")
 def check_online_update(online_update) -> str:
     """Exercise 9.2: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
     from ..tiled_attention import online_softmax_update
@@ -102,6 +112,11 @@ def _pairs():
 
 
 @exercise
+@hints("A drafted token x is kept more often when the model likes it at least as much as the draft does.",
+       "Keep x with probability min(1, p(x) / q(x)). On rejection, draw from what the kept tokens left missing: "
+       "max(p - q, 0), normalised to sum to 1.",
+       "acceptance_probability: return min(1.0, float(p[x] / q[x])); residual: r = (p - q).clamp(min=0); "
+       "return r / r.sum()")
 def check_speculative_rule(acceptance_probability, residual) -> str:
     """Exercise 9.3: acceptance_probability(p, q, x) and residual(p, q): together, the output is distributed as p."""
     expect(callable(acceptance_probability) and callable(residual),
