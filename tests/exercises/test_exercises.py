@@ -30,7 +30,7 @@ def test_an_unattempted_exercise_does_not_raise():
 
     verdict = check_double(double)
     assert isinstance(verdict, Verdict) and not verdict.passed
-    assert "not attempted yet" in verdict.message
+    assert "not attempted:" in verdict.message and "yet" not in verdict.message
 
 
 def test_a_crash_in_the_learners_code_is_named_not_raised():

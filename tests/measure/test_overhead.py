@@ -45,5 +45,12 @@ def test_the_largest_bound_names_the_regime():
     assert regime(bounds) == "compute"
     assert regime(regime_times(Work(2e8, 5e8), 1000, PEAKS, 5e-6)) == "memory"  # 0.002 s, 0.05 s, 0.005 s
     assert regime(regime_times(Work(1e5, 1e5), 1000, PEAKS, 5e-6)) == "overhead"  # a tiny step
+
+
+def test_a_step_far_above_every_bound_is_unexplained():
+    bounds = regime_times(Work(2e8, 5e8), 1000, PEAKS, 5e-6)  # memory 0.05 s is the largest
+    assert regime(bounds, measured_s=0.06) == "memory"  # within the slack: the bound explains it
+    assert regime(bounds, measured_s=0.2) == "unexplained"  # 4x the largest bound
+    assert regime(bounds, measured_s=0.2, slack=5) == "memory"
     with pytest.raises(CourseError, match=">= 0"):
         regime_times(Work(1, 1), -1, PEAKS, 1e-6)

@@ -74,7 +74,7 @@ def exercise(check):
         except NotYet as hint:
             return Verdict(False, str(hint), check.__name__)
         except NotImplementedError:
-            return Verdict(False, "not attempted yet: replace `raise NotImplementedError` with your code, "
+            return Verdict(False, "not attempted: replace `raise NotImplementedError` with your code, "
                                   "then run this cell again.", check.__name__)
         except Exception as err:  # the learner's code failed: say how, without a traceback
             return Verdict(False, f"your code raised {type(err).__name__}: {err}", check.__name__)

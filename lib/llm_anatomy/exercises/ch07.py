@@ -103,7 +103,8 @@ def ridge_batch(cfg, past: int, bytes_per_element: int, ridge: float, largest: i
        "answer = ridge * bytes_per_element / 2, rounded up (a little more once the KV cache counts)")
 def check_ridge_batch(answer, cfg, past: int, bytes_per_element: int, ridge: float) -> str:
     """The batch size at which decode (after `past` tokens) reaches the machine's ridge point, predicted."""
-    expect(answer is not None, "assign your prediction, a number of sequences, to `answer`.")
+    expect(answer is not None, "assign your prediction, a number of sequences, to the variable in the cell "
+                               "(`ridge_guess`).")
     expect(isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer),
            "give a number of sequences, such as 16.")
     right = ridge_batch(cfg, past, bytes_per_element, ridge)
@@ -178,7 +179,8 @@ def check_step_bounds(step_bounds) -> str:
        "ceiling = bandwidth / weight_bytes")
 def check_decode_ceiling(answer, weight_bytes: float, bandwidth: float) -> str:
     """The most tokens/s batch-1 decode can reach: bandwidth / bytes read per token (the weights)."""
-    expect(answer is not None, "assign a number of tokens per second to `answer`.")
+    expect(answer is not None, "assign your answer, a number of tokens per second, to the variable in the cell "
+                               "(`ceiling`).")
     expect(isinstance(answer, (int, float)) and not isinstance(answer, bool), "give a number of tokens/s.")
     right = bandwidth / weight_bytes
     expect(answer <= 0 or abs(answer * right - 1) > 0.1, "upside down: tokens/s = bytes/s / bytes per token.")

@@ -8,7 +8,10 @@ not the arithmetic or the bytes, set the speed. Three lower bounds on the time o
     memory-bound:   bytes / bandwidth
     overhead-bound: ops x the cost of dispatching (and launching) one op
 
-The largest of the three names the regime; the measured time sits at or above it.
+The largest of the three names the regime, when it explains the measured time. The overhead figure is an estimate
+(the cost of the smallest op times the number of ops: a view costs less than an add, a big matmul more), so a
+measured time may fall a little below it. When the measured time is far above all three, none of them explains
+the step: something else holds it back (a kernel that does not reach the bandwidth, for one), and `regime` says so.
 Units: seconds, FLOP, bytes.
 """
 
@@ -107,6 +110,13 @@ def regime_times(work: Work, ops: int, peaks: Peaks, per_op_s: float) -> dict[st
             "overhead": ops * per_op_s}
 
 
-def regime(times: dict[str, float]) -> str:
-    """The regime a step is in: the name of the largest lower bound ('compute', 'memory' or 'overhead')."""
-    return max(REGIMES, key=lambda name: times[name])
+UNEXPLAINED = "unexplained"
+
+
+def regime(times: dict[str, float], measured_s: float | None = None, slack: float = 1.5) -> str:
+    """The regime a step is in: the name of the largest bound ('compute', 'memory' or 'overhead'), or UNEXPLAINED
+    when the step's measured time is more than `slack` times that bound (none of the three accounts for it)."""
+    largest = max(REGIMES, key=lambda name: times[name])
+    if measured_s is not None and measured_s > slack * times[largest]:
+        return UNEXPLAINED
+    return largest
