@@ -84,6 +84,8 @@ def test_rejected_drafts_are_rolled_back(tiny):
     assert result.accepted_per_round == [2, 0, 0, 1] and result.rejections == 2 and result.drafted == 5
     assert draft.valid == [4 + 1 + 2, 4 + 4 + 0, 4 + 5 + 0, 4 + 6 + 1]  # context seen + drafts kept
     assert result.acceptance_rate == 3 / 5 and result.tokens_per_round == 7 / 4
+    assert result.rounds_without_draft == 1  # the third round's draft proposed nothing
+    assert 0 < result.prefill_s <= result.seconds
 
 
 def test_eos_stops_and_bad_input_is_refused(tiny):

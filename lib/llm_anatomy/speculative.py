@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .decode import prefill
+from .device import timed
 from .errors import CourseError
 
 # --------------------------------------------------------------------------- drafts
@@ -136,6 +137,9 @@ class SpeculativeResult:
     accepted: int = 0  # draft tokens kept
     rejections: int = 0  # rounds that stopped at a rejected draft
     accepted_per_round: list[int] = field(default_factory=list)
+    rounds_without_draft: int = 0  # rounds with room for drafts in which the draft proposed none (no match)
+    prefill_s: float = 0.0  # wall time of the prefill and the first token, seconds
+    seconds: float = 0.0  # wall time of the whole generation, prefill included
 
     @property
     def acceptance_rate(self) -> float:
@@ -145,7 +149,7 @@ class SpeculativeResult:
 
     @property
     def tokens_per_round(self) -> float:
-        """New tokens per pass of the model (plain decoding: 1)."""
+        """New tokens per pass of the model after the prefill (plain decoding: 1); the prefill makes the first."""
         return (len(self.tokens) - 1) / self.rounds if self.rounds else 1.0
 
 
@@ -163,10 +167,19 @@ def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft
         raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
         raise CourseError(f"Speculative decoding here runs one sequence: prompt_ids [1, seq], not {tuple(prompt_ids.shape)}.")
+    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator,
+                                              eos_token_id), prompt_ids.device)
+    result.seconds = seconds
+    return result
+
+
+def _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator, eos_token_id) -> SpeculativeResult:
+    """speculative_generate's loop, its arguments checked."""
     context = prompt_ids[0].tolist()
     cache = model.new_cache(1, len(context) + new_tokens + 1)
-    first, _ = _choose(prefill(model, prompt_ids, cache).logits[0, -1], temperature, generator)
-    result = SpeculativeResult([first])
+    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], temperature, generator)[0],
+                             prompt_ids.device)
+    result = SpeculativeResult([first], prefill_s=prefill_s)
     while len(result.tokens) < new_tokens and result.tokens[-1] != eos_token_id:
         room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
         seen = context + result.tokens
@@ -182,6 +195,7 @@ def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft
         result.drafted += len(drafts)
         result.accepted += kept
         result.rejections += kept < len(drafts)
+        result.rounds_without_draft += room > 0 and not drafts
         result.accepted_per_round.append(kept)
         result.tokens += drafts[:kept] + [token]
     if eos_token_id in result.tokens:
