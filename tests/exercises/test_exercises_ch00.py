@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch00, hint, reset_hints
+from llm_anatomy.exercises import ch00
 
 solutions = load_solutions("ch00")
 
@@ -29,10 +29,3 @@ def test_eos_token(real):
     not_yet(ch00.check_eos_token("</s>", real.tokenizer), "closes every turn")
     not_yet(ch00.check_eos_token("<|im_start|>", real.tokenizer), "opens a turn")
     not_yet(ch00.check_eos_token(None, real.tokenizer), "string")
-
-
-def test_hints_start_with_a_nudge():
-    for check in (ch00.check_count_parameters, ch00.check_eos_token):
-        reset_hints()
-        assert hint(check).total == 3 and "return" not in hint(check).shown[0]
-    reset_hints()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import regex
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy import bpe
-from llm_anatomy.exercises import ch01, hint, reset_hints
+from llm_anatomy.exercises import ch01
 
 solutions = load_solutions("ch01")
 
@@ -149,13 +148,3 @@ def test_the_digits_message_names_the_pre_tokenizer_not_a_missing_merge():
 
 
 # --------------------------------------------------------------------------- hints
-
-
-@pytest.mark.parametrize("check", [ch01.check_train, ch01.check_encode_chunk, ch01.check_pre_split])
-def test_every_check_has_three_hints_from_nudge_to_outline(check):
-    reset_hints()
-    first = hint(check)
-    assert len(first.shown) == 1 and first.total == 3
-    assert "for " not in first.shown[0] and "return" not in first.shown[0]  # a nudge, not the code
-    assert len(hint(check).shown) == 2 and "last hint" in str(hint(check))
-    reset_hints()

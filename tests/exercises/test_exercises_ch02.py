@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy import rope as rope_module
-from llm_anatomy.exercises import ch02, hint, reset_hints
+from llm_anatomy.exercises import ch02
 
 solutions = load_solutions("ch02")
 
@@ -75,11 +74,3 @@ def test_rope_refuses_the_library_and_transformers():
     not_yet(ch02.check_rope(library), "don't call")
     not_yet(ch02.check_rope(theirs), "don't call", "rotate_half")
     assert rope_module.apply_rope is not None and llama.rotate_half(torch.ones(1, 2)).tolist() == [[-1.0, 1.0]]
-
-
-@pytest.mark.parametrize("check", [ch02.check_one_hot_embed, ch02.check_cosine_similarity, ch02.check_rope])
-def test_every_check_has_three_hints_from_nudge_to_outline(check):
-    reset_hints()
-    first = hint(check)
-    assert first.total == 3 and "return" not in first.shown[0]
-    reset_hints()

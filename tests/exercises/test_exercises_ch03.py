@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy import attention as attention_module
-from llm_anatomy.exercises import ch03, hint, reset_hints
+from llm_anatomy.exercises import ch03
 
 solutions = load_solutions("ch03")
 
@@ -53,11 +52,3 @@ def test_expand_kv_mistakes_get_specific_messages():
     not_yet(ch03.check_expand_kv(lambda k, n: k.repeat_interleave(n // k.shape[0], 0).flip(0)), "h // 3")
     not_yet(ch03.check_expand_kv(lambda k, n: attention_module.repeat_kv(k[None], n // k.shape[0])[0]), "don't call")
     not_yet(ch03.check_expand_kv(unattempted), "not attempted")
-
-
-@pytest.mark.parametrize("check", [ch03.check_one_head, ch03.check_expand_kv])
-def test_every_check_has_three_hints_from_nudge_to_outline(check):
-    reset_hints()
-    first = hint(check)
-    assert first.total == 3 and "return" not in first.shown[0]
-    reset_hints()

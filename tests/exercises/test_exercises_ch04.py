@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch04, hint, reset_hints
+from llm_anatomy.exercises import ch04
 from llm_anatomy.scratch import ScratchLlama
 
 solutions = load_solutions("ch04")
@@ -85,11 +84,3 @@ def test_next_token_loss_refuses_torch_s_cross_entropy():
     not_yet(ch04.check_next_token_loss(shortcut), "don't call", "cross_entropy")
     not_yet(ch04.check_next_token_loss(lambda logits, ids: torch.nn.CrossEntropyLoss()(logits[0], ids[0])), "don't call")
     assert torch.nn.functional.cross_entropy(torch.zeros(1, 2), torch.tensor([0])) > 0  # restored afterwards
-
-
-@pytest.mark.parametrize("check", [ch04.check_forward, ch04.check_next_token_loss])
-def test_every_check_has_three_hints_from_nudge_to_outline(check):
-    reset_hints()
-    first = hint(check)
-    assert first.total == 3 and "return" not in first.shown[0]
-    reset_hints()

@@ -141,15 +141,3 @@ def test_loop_mistakes():
     not_yet(ch05.check_generate_until_stop(no_reason), "two things")
     not_yet(ch05.check_generate_until_stop(wrong_reason), "the reason should be")
     not_yet(ch05.check_generate_until_stop(unattempted), "not attempted")
-
-
-def test_every_check_has_hints_that_start_with_a_nudge():
-    from llm_anatomy.exercises import hint, reset_hints
-
-    reset_hints()
-    for check in (ch05.check_greedy_choice, ch05.check_temperature, ch05.check_top_k, ch05.check_top_p,
-                  ch05.check_generate_until_stop):
-        first = hint(check)
-        assert first.total >= 2 and len(first.shown) == 1
-        assert "return" not in first.shown[0] and "def " not in first.shown[0]  # a nudge, not the answer
-    reset_hints()

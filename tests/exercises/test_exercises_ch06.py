@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy.exercises import ch06, hint, reset_hints
+from llm_anatomy.exercises import ch06
 
 solutions = load_solutions("ch06")
 
@@ -123,13 +123,3 @@ def test_cache_update_mistakes():
     not_yet(ch06.check_cache_update(copies), "a view")
     not_yet(ch06.check_cache_update(lambda self, layer, k, v: None), "two tensors")
     not_yet(ch06.check_cache_update(unattempted), "not attempted")
-
-
-def test_every_check_has_hints_that_start_with_a_nudge():
-    reset_hints()
-    for check in (ch06.check_kv_bytes_per_token, ch06.check_mqa_saving, ch06.check_users_that_fit,
-                  ch06.check_generate_with_cache, ch06.check_cache_update):
-        first = hint(check)
-        assert first.total >= 2 and len(first.shown) == 1
-        assert "return" not in first.shown[0] and "=" not in first.shown[0]
-    reset_hints()

@@ -1,0 +1,72 @@
+"""Hints, for every exercise check of every chapter: three of them, from a nudge to an outline, revealed one at a
+time; and every `chNN.hint(chNN.check_...)` that a notebook offers (a line to uncomment, or in its text) works."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from llm_anatomy.exercises import Hint, hint, reset_hints
+
+ROOT = Path(__file__).resolve().parents[2]
+HINT_CALL = re.compile(r"\b(ch\d\d)\.hint\((ch\d\d)\.(check_\w+)\)")
+
+
+def _hint_lines():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            for module, owner, check in HINT_CALL.findall(cell.source):
+                yield pytest.param(module, owner, check, id=f"{path.stem}:{cell.cell_type}:{check}")
+
+
+HINTS = list(_hint_lines())
+
+
+def _checks():
+    for number in range(10):
+        chapter = importlib.import_module(f"llm_anatomy.exercises.ch{number:02d}")
+        for name in sorted(vars(chapter)):
+            check = getattr(chapter, name)
+            if getattr(check, "is_exercise_check", False) and check.__module__ == chapter.__name__:
+                yield pytest.param(check, id=f"ch{number:02d}.{name}")
+
+
+CHECKS = list(_checks())
+
+
+def test_every_chapter_has_checks():
+    assert len(CHECKS) >= 30
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_three_hints_from_a_nudge_to_an_outline_one_at_a_time(check):
+    reset_hints()
+    try:
+        shown = [hint(check) for _ in range(4)]
+        assert [len(h.shown) for h in shown] == [1, 2, 3, 3] and shown[0].total == 3
+        nudge = shown[0].shown[0]
+        assert "return" not in nudge and "def " not in nudge and "=" not in nudge  # a nudge, not the code
+        assert "last hint" in str(shown[-1]) and "solution" in str(shown[-1])
+    finally:
+        reset_hints()
+
+
+def test_the_notebooks_offer_hints():
+    assert len(HINTS) >= 25  # every build exercise of 01-09 has one
+
+
+@pytest.mark.parametrize("module, owner, check", HINTS)
+def test_an_uncommented_hint_line_reveals_the_hints_one_at_a_time(module, owner, check):
+    assert module == owner, f"{module}.hint({owner}.{check}): the same chapter on both sides"
+    chapter = importlib.import_module(f"llm_anatomy.exercises.{module}")
+    reset_hints()
+    try:
+        first = chapter.hint(getattr(chapter, check))
+        assert isinstance(first, Hint) and len(first.shown) == 1 and first.total >= 2
+        assert len(chapter.hint(getattr(chapter, check)).shown) == 2
+    finally:
+        reset_hints()
