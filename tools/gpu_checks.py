@@ -20,12 +20,6 @@ from pathlib import Path
 
 import torch
 
-# SmolLM2-135M's shape, for a random-weight stand-in when the real model cannot be fetched
-SHAPE_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                  num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                  rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
-
-
 class Report:
     """Collects PASS / FAIL / SKIP lines and READ figures."""
 
@@ -50,21 +44,12 @@ class Report:
         return [r["check"] for r in self.rows if r["status"] == "FAIL"]
 
 
-def random_model(shape: dict, device, dtype, seed: int = 0):
-    """A ScratchLlama with random weights of `shape` (a dict of LlamaConfig fields), built on `device`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def random_model(size: str, device, dtype, seed: int = 0):
+    """The from-scratch model on random weights of a named shape (models.random.RANDOM_SHAPES), on `device`."""
+    from llm_anatomy.models.random import random_llama
     from llm_anatomy.scratch import ScratchLlama
 
-    torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            hf = LlamaForCausalLM(LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)).eval()
-    finally:
-        torch.set_default_dtype(previous)
-    return ScratchLlama.from_hf(hf)
+    return ScratchLlama.from_hf(random_llama(size, device, dtype, seed))
 
 
 def check_b1_prefill_head(report: Report, model, n: int) -> None:
@@ -182,11 +167,11 @@ def check_b4_launches(report: Report, small, big, peaks, steps: int) -> None:
                 f"{graph_s * 1e3:.2f} ms per token = {moved / graph_s / peaks.bytes_per_s:.0%} of the measured bandwidth")
 
 
-def check_b5_fp32(report: Report, shape: dict, device, steps: int) -> None:
+def check_b5_fp32(report: Report, size: str, device, steps: int) -> None:
     """B5: cached and uncached greedy tokens are identical in fp32; in 16 bits the first divergence is read."""
     from llm_anatomy.decode import generate_greedy
 
-    model = random_model(shape, device, torch.float32, seed=1)
+    model = random_model(size, device, torch.float32, seed=1)
     prompt = torch.randint(3, model.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2)).to(device)
     cached = generate_greedy(model, prompt, steps).tokens
     uncached = generate_greedy(model, prompt, steps, use_cache=False).tokens
@@ -238,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from llm_anatomy.device import default_dtype, describe_device, pick_device
-    from llm_anatomy.models.random import RANDOM_SHAPES
 
     device = pick_device(args.device)
     cuda = device.type == "cuda"
@@ -247,18 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     print(f"checks on {describe_device(device)}, {'tiny' if quick else 'real'} shapes", flush=True)
     report = Report()
-    small_shape = RANDOM_SHAPES["tiny"] if quick else SHAPE_135M
-    big_shape = RANDOM_SHAPES["tiny"] if quick else RANDOM_SHAPES["1b"]
+    small_size = "tiny" if quick else "135m"
+    big_size = "tiny" if quick else "1b"
     n = 64 if quick else 4096
     steps = 8 if quick else 32
-    small = random_model(small_shape, device, dtype)
+    small = random_model(small_size, device, dtype)
     peaks = check_b3_peaks(report, device, quick)
     check_b1_prefill_head(report, small, n)
     check_b2_scores(report, small, n, peaks)
-    big = small if quick else random_model(big_shape, device, dtype)
+    big = small if quick else random_model(big_size, device, dtype)
     check_b4_launches(report, small, big, peaks, steps)
     del big
-    check_b5_fp32(report, small_shape, device, steps)
+    check_b5_fp32(report, small_size, device, steps)
     check_b8_mask_device(report, small)
     seconds = time.perf_counter() - start
     failed = report.failed

@@ -7,11 +7,10 @@ from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch07
 from llm_anatomy.measure.roofline import block_parameters, forward_work
+from llm_anatomy.models.random import RANDOM_SHAPES
 
 solutions = load_solutions("ch07")
-SMOL = ch07._config(dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True))
+SMOL = ch07._config(RANDOM_SHAPES["135m"])  # SmolLM2-135M's shape
 
 
 def test_solutions_pass():

@@ -15,6 +15,9 @@ RANDOM_SHAPES = {
     "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=8192,
                rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                 num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                 rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),  # SmolLM2-135M's shape
     "360m": dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
                  num_attention_heads=15, num_key_value_heads=5, head_dim=64, max_position_embeddings=8192,
                  rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
