@@ -42,7 +42,7 @@ def reference_tokenizer():
     """The default model's own tokenizer, read from the course's cache (no weights, no network)."""
     from transformers import AutoTokenizer
 
-    from llm_anatomy.models import fetch_default_model
+    from llm_anatomy.weights.cache import fetch_default_model
 
     return AutoTokenizer.from_pretrained(fetch_default_model())
 
@@ -50,7 +50,7 @@ def reference_tokenizer():
 @pytest.fixture(scope="module")
 def ours(reference_tokenizer):
     """Our BPE encoder built from the model's vocabulary and merges."""
-    from llm_anatomy.bpe import BPETokenizer
+    from llm_anatomy.tokens.bpe import BPETokenizer
 
     return BPETokenizer.from_hf(reference_tokenizer)
 

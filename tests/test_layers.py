@@ -16,31 +16,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lib" / "llm_anatomy"
 
-# Layer of each module, from the bottom; a module may import only from its own layer or below.
-BASE = {"errors", "device", "paths", "claims"}
-MATHS = {"pretokenize", "bpe_train", "bpe_hf", "bpe", "embeddings", "rope", "attention", "kv_cache", "sampling",
-         "tiled_attention"}
-MODEL = {"scratch", "logit_lens", "models", "paged_kv", "quantize", "gguf_blocks", "fused"}
-DECODING = {"decode", "generation", "chat", "batching", "prefix_cache", "scheduler", "speculative"}
+# The package's folders are the course's stages, ranked from the bottom; a module may import only from its own rank or
+# below. Folders, not module names: a new file takes its folder's rank, so nobody keeps a list of names.
+GROUND = {"errors", "device", "paths", "claims", "texts"}
+RANKS = [("weights",), ("tokens", "model"), ("generate",), ("measure",), ("serve",), ("fast",), ("distributed",),
+         ("server",), ("views",), ("widgets", "exercises"), ("cli", "__main__")]
+TOP = len(RANKS) + 1  # the package's own __init__ re-exports from below; nothing inside imports it
 
 
 def layer_of(module: str) -> int:
     parts = module.split(".")[1:]  # without "llm_anatomy"
-    if not parts or parts == ["__init__"]:
-        return 7  # the package's own __init__ re-exports; nothing imports it from inside
+    if not parts:
+        return TOP
     head = parts[0]
-    if head == "__main__" or head == "cli":
-        return 7
-    if head in ("widgets", "exercises"):
-        return 6
-    if head == "views":
-        return 5
-    if head == "measure":
-        return 4
-    for rank, group in enumerate((BASE, MATHS, MODEL, DECODING)):
-        if head in group:
+    if head in GROUND:
+        assert len(parts) == 1, module
+        return 0
+    for rank, folders in enumerate(RANKS, start=1):
+        if head in folders:
+            assert head == "__main__" or (PACKAGE / head).is_dir(), f"{module}: a stage is a folder"
             return rank
-    raise AssertionError(f"{module} belongs to no layer: add it to tests/test_layers.py")
+    raise AssertionError(f"{module} is in no stage folder: the package root holds only {sorted(GROUND)}")
 
 
 def module_name(path: Path) -> str:

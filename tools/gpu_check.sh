@@ -24,12 +24,12 @@ timeout 420 "$PY" tools/gpu_checks.py --out "$OUT" 2>&1 | grep -v '^USDT' | tee 
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== 2. an attention mask made on the CPU, ids on the device"
-timeout 120 "$PY" -m pytest tests/test_decode.py -k mask_made_on_the_cpu -q -p no:cacheprovider 2>&1 | tail -3 \
+timeout 120 "$PY" -m pytest tests/generate/test_decode.py -k mask_made_on_the_cpu -q -p no:cacheprovider 2>&1 | tail -3 \
     | tee "$OUT/mask_device.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
-CACHED=$("$PY" -c "from llm_anatomy.models.cache import cache_problems, default_model_dir; \
+CACHED=$("$PY" -c "from llm_anatomy.weights.cache import cache_problems, default_model_dir; \
 print(int(not cache_problems(default_model_dir(), check_hashes=False)))" 2>/dev/null || echo 0)
 if [ "$CUDA" = "1" ] && [ "$CACHED" = "1" ]; then
     echo "== 3. the default model: decode benchmark and notebook 07 under nbval"

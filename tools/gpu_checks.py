@@ -46,15 +46,15 @@ class Report:
 
 def random_model(size: str, device, dtype, seed: int = 0):
     """The from-scratch model on random weights of a named shape (models.random.RANDOM_SHAPES), on `device`."""
-    from llm_anatomy.models.random import random_llama
-    from llm_anatomy.scratch import ScratchLlama
+    from llm_anatomy.weights.random import random_llama
+    from llm_anatomy.model.scratch import ScratchLlama
 
     return ScratchLlama.from_hf(random_llama(size, device, dtype, seed))
 
 
 def check_b1_prefill_head(report: Report, model, n: int) -> None:
     """B1: what is timed as prefill computes logits for the last position only, and the FLOP count says the same."""
-    from llm_anatomy.decode import prefill
+    from llm_anatomy.generate.decode import prefill
     from llm_anatomy.measure.roofline import forward_work
 
     cfg, device = model.cfg, model.device
@@ -70,7 +70,7 @@ def check_b1_prefill_head(report: Report, model, n: int) -> None:
 
 def check_b2_scores(report: Report, model, n: int, peaks) -> None:
     """B2: the naive attention's score traffic is counted, and where a long prefill lands is read, not assumed."""
-    from llm_anatomy.decode import prefill
+    from llm_anatomy.generate.decode import prefill
     from llm_anatomy.measure.roofline import forward_work, roofline_point
     from llm_anatomy.measure.timing import time_it
 
@@ -119,7 +119,7 @@ def check_b3_peaks(report: Report, device, quick: bool):
 
 def check_b4_launches(report: Report, small, big, peaks, steps: int) -> None:
     """B4: the ops (and kernels) of a decode step are counted; a CUDA graph is captured, or the check fails loudly."""
-    from llm_anatomy.decode import StaticDecoder, decode_step
+    from llm_anatomy.generate.decode import StaticDecoder, decode_step
     from llm_anatomy.errors import CourseError
     from llm_anatomy.measure.overhead import count_step_ops, dispatch_cost_s
     from llm_anatomy.measure.roofline import forward_work
@@ -169,7 +169,7 @@ def check_b4_launches(report: Report, small, big, peaks, steps: int) -> None:
 
 def check_b5_fp32(report: Report, size: str, device, steps: int) -> None:
     """B5: cached and uncached greedy tokens are identical in fp32; in 16 bits the first divergence is read."""
-    from llm_anatomy.decode import generate_greedy
+    from llm_anatomy.generate.decode import generate_greedy
 
     model = random_model(size, device, torch.float32, seed=1)
     prompt = torch.randint(3, model.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2)).to(device)
@@ -197,11 +197,11 @@ def check_b5_fp32(report: Report, size: str, device, steps: int) -> None:
 
 def check_b8_mask_device(report: Report, model) -> None:
     """B8: an attention mask made on the CPU works beside ids on the model's device."""
-    from llm_anatomy.decode import prefill
+    from llm_anatomy.generate.decode import prefill
 
     device = model.device
     if device.type == "cpu":
-        report.skip("B8 mask device", "ids and mask are both on the CPU here (tests/test_decode.py runs it on a GPU)")
+        report.skip("B8 mask device", "ids and mask are both on the CPU here (tests/generate/test_decode.py runs it on a GPU)")
         return
     ids = torch.randint(3, model.cfg.vocab_size, (2, 6), device=device)
     mask = torch.ones(2, 6, dtype=torch.long)

@@ -1,21 +1,28 @@
-"""LLM Anatomy: the helper library that the course notebooks import.
+"""LLM Anatomy: the library that the course notebooks import. Its folders are the course's stages, in order:
 
-The package root holds the anatomy, in course order, one idea per file:
-    pretokenize  bpe_train  bpe_hf  bpe          text -> tokens (notebook 01)
-    embeddings  rope  attention  kv_cache         the maths of one layer (02-03, 06)
-    scratch  logit_lens                           the whole model from scratch (04)
-    sampling  decode  generation  chat            choosing tokens, prefill and decode (05-06)
-Around it, folders named for their layer. Imports point one way only, from left to right:
-    errors, device, paths -> maths -> models/, scratch -> decoding -> measure/ -> views/ -> widgets/, exercises/ -> cli/
-models/ loads weights (the offline default's cache, hub models, random-weight shapes); measure/ times and
-counts; views/ draws (HTML, matplotlib; no ipywidgets); widgets/ are thin ipywidgets shells over one view
-and one pure function; exercises/ checks the learners' answers; cli/ is `python -m llm_anatomy`.
-tests/test_layers.py checks these rules.
+    ground      errors device paths claims texts     what every stage stands on (texts: every text the course reads)
+    weights/    cache load random                    the model's files: fetched, checked, converted, loaded
+    tokens/     pretokenize bpe_train bpe_hf bpe     01 Tokens
+    model/      embeddings rope attention            02 Embeddings and positions, 03 Attention
+                scratch logit_lens                   04 The forward pass
+                kv_cache                             06 The KV cache
+    generate/   sampling decode session chat         05 Generation, 06 (the one decoding loop: prefill, decode_step)
+    measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with
+    serve/      batching paged_kv prefix_cache ...   08 Serving many users
+    fast/       gguf_blocks quantize speculative ... 09 Making decode fast
+    views/      HTML and matplotlib pictures of every stage (no ipywidgets)
+    widgets/    thin ipywidgets shells over one view and one pure function
+    exercises/  the checks of every notebook's exercises (chNN.py)
+    cli/        `python -m llm_anatomy fetch|doctor|check|bench`
+
+Imports point down this list only (tests/test_layers.py ranks the folders and checks every import). Each stage's
+`__init__.py` names its notebook and re-exports nothing: an import says where a thing lives.
 """
 
 from .device import default_dtype, pick_device
 from .errors import CourseError
-from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .weights.cache import DEFAULT_MODEL
+from .weights.load import LoadedModel, load_model
 
 __version__ = "0.1.0"
 __all__ = ["CourseError", "DEFAULT_MODEL", "LoadedModel", "default_dtype", "load_model", "pick_device"]

@@ -6,7 +6,7 @@ import regex
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy import bpe
+from llm_anatomy.tokens import bpe
 from llm_anatomy.exercises import ch01
 
 solutions = load_solutions("ch01")
@@ -124,7 +124,7 @@ def test_encode_chunk_mistakes_get_specific_messages(ours):
 
 def test_pre_split_solution_passes_and_equals_the_model(reference_tokenizer):
     assert ch01.check_pre_split(solutions.pre_split).passed
-    from llm_anatomy.pretokenize import bytes_to_unicode
+    from llm_anatomy.tokens.pretokenize import bytes_to_unicode
 
     to_char = bytes_to_unicode()
     for text in ["In 2024, 3.5% of 1,000 users", " ½ cup, ٣ apples, x²", "Room 101 \n\n  x"]:

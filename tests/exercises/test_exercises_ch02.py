@@ -6,7 +6,7 @@ import torch
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy import rope as rope_module
+from llm_anatomy.model import rope as rope_module
 from llm_anatomy.exercises import ch02
 
 solutions = load_solutions("ch02")

@@ -8,7 +8,7 @@ import torch
 
 from exercise_helpers import load_solutions, not_yet, unattempted
 
-from llm_anatomy import attention as attention_module
+from llm_anatomy.model import attention as attention_module
 from llm_anatomy.exercises import ch03
 
 solutions = load_solutions("ch03")

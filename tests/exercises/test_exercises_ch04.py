@@ -7,7 +7,7 @@ import torch
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch04
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.model.scratch import ScratchLlama
 
 solutions = load_solutions("ch04")
 

@@ -98,7 +98,7 @@ def test_the_loop_solution_passes_and_the_library_loop_is_refused():
     assert ch05.check_generate_until_stop(solutions.generate_until_stop).passed
 
     def library_loop(model, ids, n, stop_ids):
-        from llm_anatomy.decode import generate_greedy
+        from llm_anatomy.generate.decode import generate_greedy
 
         return generate_greedy(model, ids, n).tokens[0].tolist(), "length"
 

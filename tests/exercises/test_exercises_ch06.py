@@ -72,7 +72,7 @@ def test_cached_loop_mistakes():
         return new, "length"
 
     def library(model, ids, n, stop_ids):
-        from llm_anatomy.decode import generate_greedy
+        from llm_anatomy.generate.decode import generate_greedy
 
         return generate_greedy(model, ids, n).tokens[0].tolist(), "length"
 

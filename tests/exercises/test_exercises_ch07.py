@@ -7,7 +7,7 @@ from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch07
 from llm_anatomy.measure.roofline import block_parameters, forward_work
-from llm_anatomy.models.random import RANDOM_SHAPES
+from llm_anatomy.weights.random import RANDOM_SHAPES
 
 solutions = load_solutions("ch07")
 SMOL = ch07._config(RANDOM_SHAPES["135m"])  # SmolLM2-135M's shape

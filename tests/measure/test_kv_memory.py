@@ -7,7 +7,7 @@ import torch
 from transformers import FalconConfig, LlamaConfig
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.kv_cache import kv_cache_bytes
+from llm_anatomy.model.kv_cache import kv_cache_bytes
 from llm_anatomy.measure.kv_memory import (FAMOUS_MODELS, GIB, GPU_MEMORY_GIB, kv_bytes_per_token, kv_report, model_shape,
                                        users_that_fit)
 from llm_anatomy.widgets.kv_calculator import KVCalculator

@@ -11,11 +11,11 @@ import torch
 matplotlib.use("Agg")
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.measure import (Peaks, Timing, Work, forward_work, matmul_parameters, measure_bandwidth,
-                                 measure_matmul_flops, measure_peaks, peaks_table, published_peaks, roof,
-                                 roofline_point, time_generation, time_it)
+from llm_anatomy.measure.peaks import Peaks, measure_bandwidth, measure_matmul_flops, measure_peaks, peaks_table, published_peaks
+from llm_anatomy.measure.roofline import Work, forward_work, matmul_parameters, roof, roofline_point
+from llm_anatomy.measure.timing import Timing, time_generation, time_it
 from llm_anatomy.views.roofline import plot_roofline
-from llm_anatomy.scratch import ScratchConfig, ScratchLlama
+from llm_anatomy.model.scratch import ScratchConfig, ScratchLlama
 
 
 def test_time_it_warms_up_then_repeats():

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_anatomy.decode import decode_step, prefill
+from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.errors import CourseError
-from llm_anatomy.measure import Peaks, Work
+from llm_anatomy.measure.peaks import Peaks
+from llm_anatomy.measure.roofline import Work
 from llm_anatomy.measure.overhead import count_step_ops, dispatch_cost_s, regime, regime_times
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.model.scratch import ScratchLlama
 
 PEAKS = Peaks("test", "fp32", flops_per_s=1e11, bytes_per_s=1e10, how="by hand")  # ridge at 10 FLOP/byte
 

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from llm_anatomy import CourseError  # noqa: E402
-from llm_anatomy.scratch import ScratchLlama  # noqa: E402
+from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
 from llm_anatomy.views.anatomy import draw_block_diagram, parameter_groups  # noqa: E402
 from tiny_models import tiny_llama  # noqa: E402
 

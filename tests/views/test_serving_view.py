@@ -11,10 +11,10 @@ from tiny_models import tiny_llama
 
 matplotlib.use("Agg")
 
-from llm_anatomy.batching import Request, run_static  # noqa: E402
-from llm_anatomy.paged_kv import FREE, SHARED, PagedKVPool  # noqa: E402
-from llm_anatomy.scheduler import ContinuousScheduler  # noqa: E402
-from llm_anatomy.scratch import ScratchLlama  # noqa: E402
+from llm_anatomy.serve.batching import Request, run_static  # noqa: E402
+from llm_anatomy.serve.paged_kv import FREE, SHARED, PagedKVPool  # noqa: E402
+from llm_anatomy.serve.scheduler import ContinuousScheduler  # noqa: E402
+from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
 from llm_anatomy.views.serving import (CACHED, block_grid, colour_of, plot_block_grid,  # noqa: E402
                                        plot_decode_heatmap, plot_gantt, request_state, scheduler_html)
 

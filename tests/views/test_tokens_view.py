@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_anatomy.views import tokens as tv
-from llm_anatomy.bpe import BPETokenizer
+from llm_anatomy.tokens.bpe import BPETokenizer
 from llm_anatomy.errors import CourseError
 
 

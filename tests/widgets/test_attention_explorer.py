@@ -7,7 +7,7 @@ import torch
 
 from llm_anatomy import CourseError
 from llm_anatomy.views.attention import attention_view, draw_attention, token_labels
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.widgets.attention_explorer import AttentionExplorer
 
 from tiny_models import tiny_llama

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import tiny_llama
 
-from llm_anatomy.decode import generate_greedy
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.widgets.scheduler import SchedulerWidget
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from llm_anatomy.scratch import ScratchLlama
+from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.widgets.stepper import Stepper
 
 

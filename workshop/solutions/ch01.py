@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import regex
 
-from llm_anatomy import bpe
+from llm_anatomy.tokens import bpe
 
 
 def train(text, vocab_size):

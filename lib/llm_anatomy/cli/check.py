@@ -24,9 +24,9 @@ import sys
 
 import torch
 
-from ..decode import greedy_tokens
-from ..models.load import transformers_model as _hf
-from ..scratch import ScratchLlama
+from ..generate.decode import greedy_tokens
+from ..weights.load import transformers_model as _hf
+from ..model.scratch import ScratchLlama
 
 
 @torch.no_grad()
@@ -149,7 +149,7 @@ def eager_difference(hf_model, scratch: ScratchLlama, input_ids: torch.Tensor) -
 
 def report(loaded, lengths=(128, 512), steps: int = 24, new_tokens: int = 128) -> dict:
     """Every figure of the exactness check, for the real model."""
-    from ..chat import chat_prompt_ids
+    from ..generate.chat import chat_prompt_ids
 
     scratch = ScratchLlama.from_hf(loaded.model)
     tok = loaded.tokenizer
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llm_anatomy check", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    from ..models.load import load_model
+    from ..weights.load import load_model
 
     torch.set_grad_enabled(False)
     loaded = load_model(device="cpu", verbose=False)

@@ -15,7 +15,7 @@ BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "t
 
 
 def fetch(argv: list[str]) -> int:
-    from ..models.cache import fetch_default_model
+    from ..weights.cache import fetch_default_model
 
     argparse.ArgumentParser(prog="python -m llm_anatomy fetch").parse_args(argv)
     folder = fetch_default_model(progress=True)

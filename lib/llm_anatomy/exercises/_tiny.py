@@ -13,8 +13,8 @@ from . import expect
 def tiny_model():
     """A 2-layer Llama with random weights, scaled up so that its greedy tokens vary (at the default scale it
     repeats one token, which would let a loop that never appends pass)."""
-    from ..models.random import random_llama
-    from ..scratch import ScratchLlama
+    from ..weights.random import random_llama
+    from ..model.scratch import ScratchLlama
 
     hf = random_llama("tiny", seed=5)
     with torch.no_grad():
@@ -26,7 +26,7 @@ def tiny_model():
 
 def reference_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
     """The library's greedy tokens (prefill, then one token at a time) for one prompt `[1, seq]`."""
-    from ..decode import generate_greedy
+    from ..generate.decode import generate_greedy
 
     return generate_greedy(model, ids, n).tokens[0].tolist()
 

@@ -10,8 +10,8 @@ import contextlib
 
 import regex
 
-from .. import bpe, bpe_train
-from ..pretokenize import GPT2_SPLIT_PATTERN, PreSplitter
+from ..tokens import bpe, bpe_train
+from ..tokens.pretokenize import GPT2_SPLIT_PATTERN, PreSplitter
 from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
 
 # Held back from the learner: the text the training loop is checked on.

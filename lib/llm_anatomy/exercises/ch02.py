@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .. import rope as rope_module
+from ..model import rope as rope_module
 from . import NotYet, call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
 
 

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from .. import attention as attention_module
+from ..model import attention as attention_module
 from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
 
 

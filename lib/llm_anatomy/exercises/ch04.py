@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from ..scratch import Block, ScratchConfig, ScratchLlama
+from ..model.scratch import Block, ScratchConfig, ScratchLlama
 from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
 
 

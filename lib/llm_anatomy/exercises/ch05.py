@@ -1,6 +1,6 @@
 """Checks for notebook 05 (generation): greedy choice, temperature, top-k, top-p, the decoding loop with a stop.
 
-The top-p check compares the learner's nucleus with llm_anatomy.sampling (which matches transformers' warper) on
+The top-p check compares the learner's nucleus with llm_anatomy.generate.sampling (which matches transformers' warper) on
 logits the notebook never showed; the loop check runs the learner's loop on a tiny random model.
 """
 
@@ -116,7 +116,7 @@ def _kept(result, what: str) -> set[int]:
        "return set(order[before < p].tolist())")
 def check_top_p(keep_top_p) -> str:
     """keep_top_p(logits [vocab], p) -> the set of token ids top-p keeps (the nucleus)."""
-    from ..sampling import top_p_mask
+    from ..generate.sampling import top_p_mask
 
     expect(callable(keep_top_p), "define keep_top_p(logits, p) returning the set of kept token ids.")
     for logits, p in _top_p_cases():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import KVCache
+from ..model.kv_cache import KVCache
 from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
 from ._tiny import Recorder, as_ids, reference_tokens, stop_cases, tiny_model
 
@@ -179,7 +179,7 @@ def check_cache_update(update) -> str:
     ids = torch.randint(3, model.cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(9))
     cfg = model.cfg
     cache = learner.allocate(cfg.num_layers, 1, cfg.num_kv_heads, 5 + 8, cfg.head_dim)
-    from ..decode import generate_greedy
+    from ..generate.decode import generate_greedy
 
     got = generate_greedy(model, ids, 8, cache=cache).tokens[0].tolist()
     expect(got == reference_tokens(model, ids, 8), "the model decoding with your cache makes other tokens than with "

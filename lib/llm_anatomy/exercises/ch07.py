@@ -12,8 +12,8 @@ import math
 from ..measure.overhead import REGIMES, regime, regime_times
 from ..measure.peaks import Peaks
 from ..measure.roofline import Work, block_parameters, forward_work
-from ..models.random import RANDOM_SHAPES
-from ..scratch import ScratchConfig
+from ..weights.random import RANDOM_SHAPES
+from ..model.scratch import ScratchConfig
 from . import exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from ..paged_kv import BlockAllocator
-from ..prefix_cache import block_keys
-from ..scheduler import admit
+from ..serve.paged_kv import BlockAllocator
+from ..serve.prefix_cache import block_keys
+from ..serve.scheduler import admit
 from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
 
 

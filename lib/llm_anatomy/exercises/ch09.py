@@ -35,7 +35,7 @@ def _as_floats(out, what: str) -> torch.Tensor:
        "return torch.tensor(codes, dtype=torch.float32) * d + m")
 def check_dequantize_q4_1_block(dequantize_block) -> str:
     """Exercise 9.1: dequantize_block(block) -> the 32 fp32 weights of one 20-byte Q4_1 block."""
-    from ..gguf_blocks import dequantize_q4_1
+    from ..fast.gguf_blocks import dequantize_q4_1
 
     expect(callable(dequantize_block), "define a function dequantize_block(block) returning 32 weights.")
     for block in _q4_1_blocks(6, seed=9):  # blocks you have not seen
@@ -68,7 +68,7 @@ def check_dequantize_q4_1_block(dequantize_block) -> str:
        "m_new); return m_new, l * r + p.sum(-1, keepdim=True), o * r + p @ v")
 def check_online_update(online_update) -> str:
     """Exercise 9.2: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
-    from ..tiled_attention import online_softmax_update
+    from ..fast.tiled_attention import online_softmax_update
 
     expect(callable(online_update), "define a function online_update(m, l, o, scores, v) returning (m, l, o).")
     g = torch.Generator().manual_seed(11)

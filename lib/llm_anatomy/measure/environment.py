@@ -12,7 +12,7 @@ import sys
 import torch
 
 from ..device import default_dtype, describe_device, pick_device
-from ..models.cache import DEFAULT_MODEL, GGUF_NAME, cache_dir, cache_problems, default_model_dir
+from ..weights.cache import DEFAULT_MODEL, GGUF_NAME, cache_dir, cache_problems, default_model_dir
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate",
             "ipywidgets", "matplotlib", "jupyterlab", "nbval", "llm-anatomy")

@@ -1,7 +1,7 @@
 """How much memory the KV cache takes, for famous models, long contexts and many users.
 
 Pure functions over a small table of published model shapes, each reduced to the four numbers the
-formula needs (`llm_anatomy.kv_cache.kv_bytes`). The widget in widgets/kv_calculator.py is a thin
+formula needs (`llm_anatomy.model.kv_cache.kv_bytes`). The widget in widgets/kv_calculator.py is a thin
 shell over `kv_report`.
 
 Units: bytes, and GiB = 2**30 bytes. GPUs are sold as "80 GB" and hold about 80 GiB (85.9e9 bytes), so memory
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import CourseError
-from ..kv_cache import kv_bytes
+from ..model.kv_cache import kv_bytes
 
 GIB = 2**30
 

@@ -30,7 +30,7 @@ class Work:
 def block_parameters(cfg) -> int:
     """Matmul weights of the blocks (every Q, K, V, O, gate, up and down projection), all layers.
 
-    `cfg` is a ScratchConfig (llm_anatomy.scratch).
+    `cfg` is a ScratchConfig (llm_anatomy.model.scratch).
     """
     d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     return cfg.num_layers * (d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size)

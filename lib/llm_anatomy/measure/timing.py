@@ -25,6 +25,7 @@ import torch
 
 from ..device import timed
 from ..errors import CourseError
+from ..generate.decode import decode_step
 
 
 @dataclass
@@ -106,7 +107,7 @@ def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmu
     warmup: one untimed run at this very shape first (the first call pays for allocation and kernel choice).
     repeats: timed runs; TTFT is the median of their prefills, TPOT the median of all their decode steps.
     """
-    from ..decode import generate_greedy
+    from ..generate.decode import generate_greedy
 
     if repeats < 1:
         raise CourseError(f"repeats must be at least 1, not {repeats}.")
@@ -119,3 +120,17 @@ def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmu
         raise CourseError("Time per output token needs at least 2 new tokens.")
     return GenerationTiming(prompt_ids.shape[1], new_tokens, prompt_ids.shape[0], ttft, statistics.median(steps),
                             runs[-1].step_seconds, [r.ttft_s for r in runs])
+
+
+def decode_tokens_per_s(model, batch: int, context: int, repeats: int = 3) -> float:
+    """Decode throughput, all rows together (tokens/s), of one step at `batch` rows of `context` cached positions.
+
+    The cache is filled with zeros instead of a real prefill: a step's time does not depend on the values it reads,
+    and a prefill of batch x context tokens would take far longer than the step we time.
+    """
+    cache = model.new_cache(batch, context + repeats + 2)
+    cache.length = context  # as if `context` positions had been prefilled
+    token = torch.zeros(batch, 1, dtype=torch.long, device=model.device)  # [batch, 1]
+    with torch.inference_mode():
+        seconds = time_it(lambda: decode_step(model, token, cache), model.device, warmup=1, repeats=repeats).median_s
+    return batch / seconds

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import CourseError
-from ..scratch import as_scratch
+from ..model.scratch import as_scratch
 from .labels import token_labels
 
 MAX_TOKENS = 64  # longer prompts are cut: a 64 x 64 heatmap is still readable

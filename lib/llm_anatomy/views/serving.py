@@ -7,7 +7,7 @@ import html
 
 import numpy as np
 
-from ..paged_kv import FREE, SHARED, block_table_grid
+from ..serve.paged_kv import FREE, SHARED, block_table_grid
 
 CACHED = -3  # a block that only the prefix cache holds (kept for later requests)
 _FIXED = {FREE: "#ffffff", SHARED: "#212121", CACHED: "#bdbdbd"}

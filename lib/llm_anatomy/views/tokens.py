@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from ..bpe import BPETokenizer, MergeStep, utf8_bytes
+from ..tokens.bpe import BPETokenizer, MergeStep, utf8_bytes
 from ..errors import CourseError
 from .labels import token_label
 

@@ -16,7 +16,7 @@ import html
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..scratch import as_scratch
+from ..model.scratch import as_scratch
 from ..views.attention import MAX_TOKENS, AttentionView, attention_view, heatmap_png
 from .base import ErrorLine, guarded
 

@@ -18,7 +18,7 @@ import html
 import ipywidgets as W
 
 from ..views import tokens as tv
-from ..bpe import BPETokenizer, utf8_bytes
+from ..tokens.bpe import BPETokenizer, utf8_bytes
 from ..errors import CourseError
 from .base import ErrorLine, guarded
 

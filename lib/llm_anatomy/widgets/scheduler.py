@@ -3,7 +3,7 @@
     from llm_anatomy.widgets.scheduler import SchedulerWidget
     SchedulerWidget(model, shared_prefix=system_prompt_ids)   # a ScratchLlama; shows itself in a notebook
 
-A thin shell over `llm_anatomy.scheduler.ContinuousScheduler` (submit, step) and its view
+A thin shell over `llm_anatomy.serve.scheduler.ContinuousScheduler` (submit, step) and its view
 `llm_anatomy.views.serving.scheduler_html`. Submit queues a request of the chosen prompt and output lengths (with
 the shared system prompt in front when ticked, so its full blocks come from the prefix cache); Step runs one
 iteration of the real model; Run to end steps until every request is done; Reset empties the pool. A refused
@@ -21,10 +21,10 @@ from __future__ import annotations
 import ipywidgets as W
 import numpy as np
 
-from ..batching import Request
+from ..serve.batching import Request
 from ..errors import CourseError
-from ..paged_kv import PagedKVPool
-from ..scheduler import ContinuousScheduler
+from ..serve.paged_kv import PagedKVPool
+from ..serve.scheduler import ContinuousScheduler
 from ..views.serving import scheduler_html
 from .base import ErrorLine, guarded
 

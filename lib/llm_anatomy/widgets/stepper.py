@@ -3,7 +3,7 @@
     from llm_anatomy.widgets.stepper import Stepper
     Stepper(loaded)            # `loaded` from load_model(); shows itself in a notebook
 
-A thin shell over `llm_anatomy.generation.GenerationSession` (public methods only) and its view
+A thin shell over `llm_anatomy.generate.session.GenerationSession` (public methods only) and its view
 `llm_anatomy.views.stepper`: Prefill runs the prompt once and
 chooses the first token; Step feeds only the newest token and chooses the next; Play steps in a
 background thread until Pause, the end-of-turn token or the length limit. Changing temperature,
@@ -24,9 +24,9 @@ import threading
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..generation import GenerationSession
-from ..sampling import SamplingSettings
-from ..scratch import as_scratch
+from ..generate.session import GenerationSession
+from ..generate.sampling import SamplingSettings
+from ..model.scratch import as_scratch
 from ..views.stepper import attention_html, cache_html, chart_html, text_html, times_html
 from .base import ErrorLine, guarded
 

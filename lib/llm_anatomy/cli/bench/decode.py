@@ -19,12 +19,12 @@ import sys
 
 import torch
 
-from ...decode import StaticDecoder, generate_greedy, prefill
+from ...generate.decode import StaticDecoder, generate_greedy, prefill
 from ...device import default_dtype, pick_device, synchronize, timed
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.timing import time_it
-from ...models.random import random_llama
+from ...weights.random import random_llama
 from . import parser, progress, report, set_threads
 
 TARGETS = {  # what the course aims for; printed beside the figures, never asserted
@@ -49,7 +49,7 @@ def _sizes(device: torch.device, quick: bool, model_size: str) -> dict:
 
 def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
     if loaded is not None:
-        from ...chat import chat_prompt_ids
+        from ...generate.chat import chat_prompt_ids
 
         ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
         return ids.to(device)  # the whole chat prompt (38 tokens), so that greedy answers make sense
@@ -60,7 +60,7 @@ def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, graphs: bool = True,
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from ...scratch import ScratchLlama
+    from ...model.scratch import ScratchLlama
 
     dev = pick_device(device)
     dtype = default_dtype(dev)  # fp32 on the CPU; bf16 where the GPU has it natively, else fp16
@@ -68,7 +68,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     loaded = None
     log(f"loading the {model_size} model on {dev.type} ...")
     if model_size == "default":
-        from ...models.load import load_model
+        from ...weights.load import load_model
 
         loaded = load_model(device=dev, dtype=dtype, verbose=False)
         hf = loaded.model

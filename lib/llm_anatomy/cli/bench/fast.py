@@ -20,17 +20,17 @@ import sys
 
 import torch
 
-from ...attention import attention
-from ...decode import StaticDecoder, generate_greedy
+from ...model.attention import attention
+from ...generate.decode import StaticDecoder, generate_greedy
 from ...device import default_dtype, pick_device, timed
 from ...errors import CourseError
-from ...fused import compile_step, fuse
+from ...fast.fused import compile_step, fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
-from ...quantize import time_int8_vs_fp32
-from ...speculative import PromptLookupDraft, editing_task, speculative_generate
-from ...tiled_attention import tiled_attention
+from ...fast.quantize import time_int8_vs_fp32
+from ...fast.speculative import PromptLookupDraft, editing_task, speculative_generate
+from ...fast.tiled_attention import tiled_attention
 from . import parser, progress, report, set_threads
 
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
@@ -49,18 +49,18 @@ def _interleaved(runs: dict, device, repeats: int) -> dict[str, float]:
 
 
 def _load(dev, dtype, model_size: str):
-    from ...scratch import ScratchLlama
+    from ...model.scratch import ScratchLlama
 
     if model_size == "default":
-        from ...chat import chat_prompt_ids
-        from ...models.load import load_model
+        from ...generate.chat import chat_prompt_ids
+        from ...weights.load import load_model
 
         loaded = load_model(device=dev, dtype=dtype, verbose=False)
         hf, tokenizer = loaded.model, loaded.tokenizer
         chat = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}]).to(dev)
         editing = chat_prompt_ids(tokenizer, editing_task()).to(dev)
     else:
-        from ...models.random import random_llama
+        from ...weights.random import random_llama
 
         hf = random_llama(model_size, dev, dtype)
         g = torch.Generator().manual_seed(0)

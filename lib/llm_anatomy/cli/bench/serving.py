@@ -40,9 +40,9 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 
 def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_size: int) -> dict:
     """TTFT of each question after the system prompt, with the prefix cache cold (miss) and warm (hit)."""
-    from ...batching import Request
-    from ...paged_kv import PagedKVPool
-    from ...scheduler import ContinuousScheduler
+    from ...serve.batching import Request
+    from ...serve.paged_kv import PagedKVPool
+    from ...serve.scheduler import ContinuousScheduler
 
     blocks = 2 * -(-(len(system) + max(map(len, questions)) + 8) // block_size) + 4
     miss, hit = [], []
@@ -59,21 +59,21 @@ def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_si
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, dtype: str = "fp32",
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from ...batching import run_static
+    from ...serve.batching import run_static
     from ...device import pick_device
-    from ...measure.serving import (decode_tokens_per_s, poisson_trace, serving_metrics,
-                                    transformers_generate_batch)
-    from ...models.random import random_llama
-    from ...paged_kv import PagedKVPool, simulate_utilisation
-    from ...scheduler import ContinuousScheduler
-    from ...scratch import ScratchLlama
+    from ...measure.timing import decode_tokens_per_s
+    from ...serve.metrics import poisson_trace, serving_metrics, transformers_generate_batch
+    from ...weights.random import random_llama
+    from ...serve.paged_kv import PagedKVPool, simulate_utilisation
+    from ...serve.scheduler import ContinuousScheduler
+    from ...model.scratch import ScratchLlama
 
     dev = pick_device(device)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     sizes = _sizes(dev, quick)
     log(f"loading the {model_size} model on {dev.type} in {dtype} ...")
     if model_size == "default":
-        from ...models.load import load_model
+        from ...weights.load import load_model
 
         hf = load_model(device=dev, dtype=torch_dtype, verbose=False).model
     else:

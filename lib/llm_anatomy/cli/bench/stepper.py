@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
 
     from ...device import timed
-    from ...models.load import load_model
+    from ...weights.load import load_model
     from ...widgets.stepper import Stepper
 
     loaded = load_model(device=args.device, verbose=False)

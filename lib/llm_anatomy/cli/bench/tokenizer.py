@@ -23,7 +23,7 @@ TARGETS = {"encode_ratio_max": 20.0, "train_1000_merges_s_max": 30.0, "playgroun
 
 def bench_text(n_bytes: int = 1_000_000) -> str:
     """About `n_bytes` of text built from the corpus (see the module docstring)."""
-    from ...bpe import load_corpus
+    from ...tokens.bpe import load_corpus
 
     corpus = load_corpus()
     text = "\n".join([corpus, corpus.upper(), corpus.swapcase()])
@@ -42,8 +42,8 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from ...bpe import BPETokenizer, hf_trained_merges, learned_merges, load_corpus
-    from ...models.cache import fetch_default_model
+    from ...tokens.bpe import BPETokenizer, hf_trained_merges, learned_merges, load_corpus
+    from ...weights.cache import fetch_default_model
 
     reference = AutoTokenizer.from_pretrained(fetch_default_model())
     spec = reference.backend_tokenizer.to_str()
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
         return 0
     mb = r["text_bytes"] / 1e6
     print(f"Encoding {r['text_bytes']:,} bytes ({r['tokens']:,} tokens), best of {args.repeat}, empty caches:")
-    print(f"  {'ours (Python, llm_anatomy.bpe)':<34}{r['ours_encode_s']:>8.3f} s  {mb / r['ours_encode_s']:>6.2f} MB/s")
+    print(f"  {'ours (Python, llm_anatomy.tokens.bpe)':<34}{r['ours_encode_s']:>8.3f} s  {mb / r['ours_encode_s']:>6.2f} MB/s")
     print(f"  {'reference (tokenizers, Rust)':<34}{r['rust_encode_s']:>8.3f} s  {mb / r['rust_encode_s']:>6.2f} MB/s")
     print(f"  {'reference through transformers':<34}{r['transformers_encode_s']:>8.3f} s")
     print(f"  time ours / Rust: {r['ratio_ours_to_rust']:.2f} (target: at most {TARGETS['encode_ratio_max']:.0f}); "

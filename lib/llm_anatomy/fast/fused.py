@@ -1,0 +1,174 @@
+"""Fewer, bigger matmuls: the from-scratch model with its projections fused (claim C20).
+
+A decode step of the plain model (scratch.py) makes seven matmul calls per layer: q, k, v, o, gate, up
+and down. Each call is a separate trip through Python and PyTorch's dispatcher (and, on a GPU, a separate
+kernel launch), and for one token of a small model each does very little work. Fusing them is a marked
+change of the plain modules, built once from the same weights:
+
+    qkv_proj = cat([q_proj, k_proj, v_proj])     one matmul, then split: [q | k | v]
+    gate_up_proj = cat([gate_proj, up_proj])     one matmul, then chunk: [gate | up]
+
+so four calls per layer instead of seven. `fuse(model)` gives a ScratchLlama whose blocks use them: the
+same `prefill`, `decode_step` and `generate_greedy` run it, and its logits equal the plain model's
+(within float rounding: the sums are the same numbers, added in another order).
+
+A second, separate lever is the layout of each weight in memory. nn.Linear keeps W as [out, in] and
+computes x @ W.T; keeping the transpose [in, out] contiguous instead lets some CPUs' matrix-vector kernels
+stream the weights faster (measure it: `fuse(model, layout="in_out")`). Both copies cost memory once:
+the fused model holds its own weights beside the plain one's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..model.attention import attention
+from ..device import timed
+from ..errors import CourseError
+from ..model.rope import apply_rope
+from ..model.scratch import MLP, Attention, RMSNorm, ScratchLlama
+
+LAYOUTS = ("out_in", "in_out")
+
+
+class Projection(nn.Module):
+    """y = x @ W.T for a weight W [out, in], stored as given ("out_in", like nn.Linear) or transposed ("in_out")."""
+
+    def __init__(self, weight: torch.Tensor, layout: str = "out_in"):
+        super().__init__()
+        if layout not in LAYOUTS:
+            raise CourseError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}.")
+        self.layout, self.out_features = layout, weight.shape[0]
+        stored = weight.detach() if layout == "out_in" else weight.detach().T.contiguous()  # [out, in] or [in, out]
+        self.weight = nn.Parameter(stored, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout == "in_out":
+            return x @ self.weight  # [..., in] @ [in, out]
+        return F.linear(x, self.weight)  # [..., in] @ [out, in].T, what nn.Linear does
+
+
+class FusedAttention(Attention):
+    """Attention with one matmul for q, k and v (and a choice of attention function, e.g. tiled)."""
+
+    def __init__(self, plain: Attention, layout: str = "out_in", attend=attention):
+        nn.Module.__init__(self)
+        self.cfg, self.layer, self.attend = plain.cfg, plain.layer, attend
+        d = self.cfg.head_dim
+        self.sizes = [self.cfg.num_heads * d, self.cfg.num_kv_heads * d, self.cfg.num_kv_heads * d]  # q | k | v
+        w = torch.cat([plain.q_proj.weight, plain.k_proj.weight, plain.v_proj.weight])  # new: [q + 2 kv, hidden]
+        self.qkv_proj = Projection(w, layout)  # new: one matmul instead of three
+        self.o_proj = Projection(plain.o_proj.weight, layout)
+
+    def forward(self, x, cos, sin, cache=None, key_mask=None, return_weights=False):
+        b, s, _ = x.shape
+        d, heads, kv_heads = self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        qkv = self.qkv_proj(x).view(b, s, heads + 2 * kv_heads, d).transpose(1, 2)  # new: [b, q|k|v heads, s, d]
+        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # new: one rotation for the q and k heads together
+        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # [b, heads | kv_heads | kv_heads, s, d]
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # all positions so far: [b, kv_heads, past + s, d]
+        out = self.attend(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)  # new: any attention
+        out, weights = out if return_weights else (out, None)
+        out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
+        return self.o_proj(out), weights
+
+
+class FusedRMSNorm(nn.Module):
+    """RMSNorm in one call (torch's fused kernel) instead of seven small ones, on the plain norm's own weight."""
+
+    def __init__(self, plain: RMSNorm):
+        super().__init__()
+        self.weight, self.eps = plain.weight, plain.eps  # shared, not copied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # new: x / sqrt(mean(x^2) + eps) * weight
+
+
+class FusedMLP(MLP):
+    """SwiGLU with one matmul for gate and up: down(silu(gate) * up), [gate | up] = x @ [gate; up].T."""
+
+    def __init__(self, plain: MLP, layout: str = "out_in"):
+        nn.Module.__init__(self)
+        self.gate_up_proj = Projection(torch.cat([plain.gate_proj.weight, plain.up_proj.weight]), layout)  # new
+        self.down_proj = Projection(plain.down_proj.weight, layout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # new: one call, then two views
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fuse(model: ScratchLlama, layout: str = "out_in", attend=attention) -> ScratchLlama:
+    """A ScratchLlama computing what `model` computes, with q/k/v and gate/up fused (4 matmuls per layer, not 7).
+
+    layout: "out_in" keeps each weight as nn.Linear does; "in_out" stores it transposed (also the LM head).
+    attend: the attention function (the plain one by default; e.g. tiled_attention for long prompts).
+    The embedding and the norm weights are shared with `model` (each norm runs as one fused call). The fused
+    matrices are copies made once (about half the model's weight memory); with "in_out" every matrix is a
+    transposed copy (as much memory as the model's weights).
+    """
+    if not isinstance(model, ScratchLlama):
+        raise CourseError("fuse() takes a ScratchLlama: build one with ScratchLlama.from_hf(loaded).")
+    if layout not in LAYOUTS:
+        raise CourseError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}.")
+    with torch.device("meta"):  # the skeleton costs nothing: every part is replaced below
+        fast = ScratchLlama(model.cfg)
+    fast.embed_tokens, fast.norm = model.embed_tokens, FusedRMSNorm(model.norm)  # the weights are shared
+    with torch.no_grad():
+        for ours, plain in zip(fast.layers, model.layers):
+            ours.input_layernorm = FusedRMSNorm(plain.input_layernorm)
+            ours.post_attention_layernorm = FusedRMSNorm(plain.post_attention_layernorm)
+            ours.self_attn = FusedAttention(plain.self_attn, layout, attend)
+            ours.mlp = FusedMLP(plain.mlp, layout)
+        fast.lm_head = model.lm_head if layout == "out_in" else Projection(model.lm_head.weight, layout)
+    return fast.eval()
+
+
+def matmuls_per_layer(model: ScratchLlama) -> int:
+    """How many matmul calls one block makes on its weights: 7 plain, 4 fused."""
+    block = model.layers[0]
+    return sum(isinstance(m, (nn.Linear, Projection)) for m in block.modules())
+
+
+# --------------------------------------------------------------------------- counting what a step dispatches
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn) -> Counter:
+    """The PyTorch operations that `fn()` dispatches, by name (e.g. {"mm": 120, "add": 60, ...}).
+
+    Each is a trip through the dispatcher, and on a GPU at least one kernel launch for those that compute.
+    """
+    with _OpCounter() as counter:
+        fn()
+    return counter.ops
+
+
+def compile_step(fn, device: torch.device | str = "cpu", *, mode: str | None = None, backend: str = "inductor"):
+    """`torch.compile(fn)` run once: (compiled function, seconds its first call took, graph breaks found).
+
+    The first call traces the Python code into graphs and generates kernels (minutes for a whole model on a
+    small CPU); a graph break is where tracing had to stop, for example at `int(tensor)`, which reads a value
+    back to the host. mode="reduce-overhead" also replays CUDA graphs on a GPU; backend="eager" only traces
+    (no code generation, no C++ compiler needed).
+    """
+    import torch._dynamo as dynamo
+
+    explained = dynamo.explain(fn)()
+    compiled = torch.compile(fn, mode=mode, backend=backend)
+    seconds, _ = timed(compiled, device)
+    return compiled, seconds, explained.graph_break_count

@@ -1,0 +1,293 @@
+"""Quantization: storing weights in fewer bits, and measuring what that costs (claim C17).
+
+In fp32 every weight takes 4 bytes. A quantized format stores each weight as a small integer
+code, plus a few floats per group of weights that turn the codes back into numbers:
+
+    weight = d * code + m     asymmetric: GGML's Q4_1 and our int4 (codes 0..15)
+    weight = d * code         symmetric: GGML's Q8_0 and our int8 (codes -127..127)
+
+Decoding reads every weight once per token, so fewer bytes per weight means fewer bytes per token
+and a smaller download; the price is that each weight moves to the nearest value its group can store.
+The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves
+and measure the damage; 2. we time a real int8 matmul kernel (fewer bytes turn into less time only
+where a kernel reads the packed codes); 3. we quantize the KV cache.
+Sizes are in bytes, errors in the weights' own units, KL divergence in nats, times in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..device import timed
+from ..errors import CourseError
+
+# --------------------------------------------------------------------------- 1. quantizing weights ourselves
+
+
+def _matrix(w: torch.Tensor) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor) or w.ndim != 2 or not w.is_floating_point():
+        raise CourseError("Pass a weight matrix: a 2-D float tensor [out_features, in_features].")
+    return w.detach().float()
+
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one scale per output row (channel), rounding to nearest.
+
+    scale = max|w| / 127 per row, code = round(w / scale), so each weight moves by at most scale / 2.
+    w [out, in] -> codes [out, in] int8 in -127..127, scale [out] fp32 (weight units per code step).
+    """
+    w = _matrix(w)  # [out, in]
+    scale = w.abs().amax(dim=1) / 127  # [out]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale will do
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] int8, scale [out] -> fp32 weights [out, in] = code * scale."""
+    return codes.float() * scale[:, None]
+
+
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes per group of `group_size` neighbouring weights of a row, like Q4_1.
+
+    Per group: minimum = min(w), scale = (max(w) - minimum) / 15, code = round((w - minimum) / scale)
+    in 0..15, so each weight moves by at most scale / 2. Two codes share a byte: code 2i in the low
+    nibble, code 2i + 1 in the high one (GGML pairs weight j with weight j + 16 instead).
+    w [out, in] -> codes [out, in // 2] uint8, scale and minimum [out, in // group_size] fp32.
+    """
+    w = _matrix(w)  # [out, in]
+    out_f, in_f = w.shape
+    if group_size < 2 or group_size % 2 or in_f % group_size:
+        fits = [g for g in (16, 32, 64, 128, 256) if in_f % g == 0]
+        raise CourseError(f"The group size must be even and divide the row length {in_f}; {group_size} does not: "
+                          f"try {' or '.join(map(str, fits[-3:])) or 2}.")
+    groups = w.reshape(out_f, in_f // group_size, group_size)  # [out, groups, group_size]
+    minimum = groups.amin(dim=-1)  # [out, groups]
+    scale = (groups.amax(dim=-1) - minimum) / 15  # [out, groups]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: code 0 is exact
+    codes = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    codes = codes.reshape(out_f, in_f)  # [out, in]
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, minimum  # packed: [out, in // 2]
+
+
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """packed [out, in // 2] uint8, scale and minimum [out, groups] -> fp32 [out, in] = code * scale + minimum."""
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)  # [out, in]
+    groups = codes.float().reshape(*scale.shape, -1)  # [out, groups, group_size]
+    return (groups * scale[..., None] + minimum[..., None]).reshape(codes.shape)
+
+
+def bytes_per_weight(fmt: str, in_features: int | None = None, group_size: int = 32) -> float:
+    """Storage per weight in bytes, counting each format's scales and minimums.
+
+    int8 keeps one fp32 scale per row of `in_features` weights, our int4 an fp32 scale and minimum
+    per group, GGML's blocks fp16 ones (Q8_0: 34 bytes per 32 weights, Q4_1: 20 bytes per 32).
+    """
+    if fmt == "int8" and not in_features:
+        raise CourseError("int8 keeps one scale per row: give the row length too, e.g. in_features=576.")
+    sizes = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1 + 4 / (in_features or 1),
+             "int4": 0.5 + 8 / group_size, "q8_0": 34 / 32, "q4_1": 20 / 32}
+    if fmt not in sizes:
+        raise CourseError(f"Unknown format {fmt!r}: use one of {', '.join(sizes)}.")
+    return sizes[fmt]
+
+
+def weight_bytes_per_token(model, fmt: str, group_size: int = 32, head_fmt: str | None = None) -> int:
+    """Bytes of weights one decode step reads: every matmul weight of the blocks in `fmt`, the LM head in
+    `head_fmt` (default: the same). `model` is a ScratchLlama; embedding rows are looked up, not read whole."""
+    blocks = [m.weight for m in model.layers.modules() if isinstance(m, nn.Linear)]
+    head = model.lm_head.weight  # [vocab, hidden]
+    total = sum(w.numel() * bytes_per_weight(fmt, w.shape[1], group_size) for w in blocks)
+    return round(total + head.numel() * bytes_per_weight(head_fmt or fmt, head.shape[1], group_size))
+
+
+def fake_quantize(w: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tensor:
+    """`w` after a quantize -> dequantize round trip in fmt (fp32, fp16, bf16, int8, int4); same shape and dtype."""
+    floats = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    if fmt in floats:
+        return w.detach().to(floats[fmt]).to(w.dtype)
+    if fmt == "int8":
+        return dequantize_int8(*quantize_int8_per_channel(w)).to(w.dtype)
+    if fmt == "int4":
+        return dequantize_int4(*quantize_int4_groupwise(w, group_size)).to(w.dtype)
+    raise CourseError(f"Fake quantization knows fp32, fp16, bf16, int8 and int4, not {fmt!r}.")
+
+
+@contextlib.contextmanager
+def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, include_head: bool = False):
+    """Inside the with-block, every Linear weight in the model's blocks is its `fmt` round trip.
+
+    Fake quantization: the weights stay fp32 but take only values the format can store, so the
+    outputs show the quality lost (not the speed gained). The embedding stays; the LM head too, unless
+    include_head (then only the head's copy is quantized: embedding lookups keep the exact rows).
+    The originals come back when the block ends, even after an error. Given a ScratchLlama, the
+    transformers model it shares its weights with is never touched. Yields the number of weights changed.
+    """
+    blocks = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", None)
+    if blocks is None:
+        raise CourseError("Pass a ScratchLlama or a transformers Llama model: this one has no .layers.")
+    linears = [module for module in blocks.modules() if isinstance(module, nn.Linear)]
+    if include_head:
+        head = getattr(model, "lm_head", None)
+        if not isinstance(head, nn.Linear):
+            raise CourseError("include_head needs a model whose lm_head is a Linear layer (a ScratchLlama).")
+        linears.append(head)
+    originals = [module.weight for module in linears]
+    fake = [fake_quantize(module.weight, fmt, group_size) for module in linears]  # may raise: nothing changed yet
+    try:
+        for module, w in zip(linears, fake):
+            module.weight = nn.Parameter(w, requires_grad=False)  # a new tensor: the original stays intact
+        yield sum(w.numel() for w in fake)
+    finally:
+        for module, w in zip(linears, originals):
+            module.weight = w
+
+
+def logit_kl(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:
+    """KL(P_ref || P_other) of the next-token distributions in nats, averaged over positions.
+
+    Logits [batch, seq, vocab] (or [seq, vocab]), both the same shape. 0 means the same predictions.
+    """
+    if ref_logits.shape != other_logits.shape:
+        raise CourseError(f"Compare logits of one shape, not {tuple(ref_logits.shape)} and {tuple(other_logits.shape)}.")
+    ref, other = F.log_softmax(ref_logits.float(), dim=-1), F.log_softmax(other_logits.float(), dim=-1)
+    return (ref.exp() * (ref - other)).sum(dim=-1).mean().item()  # sum over the vocabulary, mean over positions
+
+
+def greedy_agreement(a_tokens, b_tokens) -> float:
+    """The fraction of positions where two token sequences (lists or tensors, same length) agree.
+
+    Free-running generations part for good at the first different token; comparing the top token at
+    each position of one given text (teacher forcing: logits.argmax(-1)) counts every position on its own.
+    """
+    a, b = torch.as_tensor(a_tokens).reshape(-1), torch.as_tensor(b_tokens).reshape(-1)
+    if a.numel() != b.numel() or a.numel() == 0:
+        raise CourseError(f"Compare two non-empty token sequences of one length, not {a.numel()} and {b.numel()}.")
+    return (a == b).float().mean().item()
+
+
+@torch.no_grad()
+def greedy_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
+    """The next `n` tokens of a ScratchLlama for ids [1, seq], each the most likely one (uses a KV cache)."""
+    if not hasattr(model, "new_cache"):
+        raise CourseError("greedy_tokens needs a ScratchLlama: build one with ScratchLlama.from_hf(model).")
+    cache = model.new_cache(1, ids.shape[1] + n)
+    logits = model(ids, cache=cache, logits_to_keep=1)  # [1, 1, vocab]: prefill
+    tokens = [int(logits[0, -1].argmax())]
+    while len(tokens) < n:  # decode: feed only the newest token
+        logits = model(torch.tensor([tokens[-1:]], device=ids.device), cache=cache, logits_to_keep=1)
+        tokens.append(int(logits[0, -1].argmax()))
+    return tokens
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor) -> float:
+    """exp(mean cross-entropy) of predicting each token from those before it; ids [1, seq] or [seq].
+
+    1 means certain of every token; guessing uniformly among V tokens scores V.
+    """
+    ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
+    if ids.shape[-1] < 2:
+        raise CourseError("Perplexity needs at least two tokens: one to read and one to predict.")
+    out = model(ids)
+    logits = getattr(out, "logits", out).float()[:, :-1]  # [batch, seq - 1, vocab]: each next-token prediction
+    return math.exp(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item())
+
+
+# --------------------------------------------------------------------------- 2. an int8 kernel
+
+
+def int8_matmul_available() -> tuple[bool, str]:
+    """Whether this PyTorch runs an int8-weight matmul on the CPU: (True, "") or (False, why not)."""
+    kernel = getattr(torch, "_weight_int8pack_mm", None)
+    if kernel is None:
+        return False, f"torch {torch.__version__} has no torch._weight_int8pack_mm."
+    try:
+        kernel(torch.ones(1, 32, dtype=torch.bfloat16), torch.ones(8, 32, dtype=torch.int8),
+               torch.ones(8, dtype=torch.bfloat16))
+    except (RuntimeError, NotImplementedError) as err:
+        return False, f"torch._weight_int8pack_mm does not run here ({str(err).splitlines()[0]})."
+    return True, ""
+
+
+def int8_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, activations: str = "bf16") -> torch.Tensor:
+    """x [m, k] @ (codes [n, k] int8 * scale [n]).T -> [m, n] fp32, the kernel reading the weights as int8.
+
+    activations="bf16" passes x and scale as bf16, the case PyTorch's CPU kernel has a fast path for;
+    "fp32" passes them as they are, which takes a generic loop (many times slower on the CPUs we tried).
+    """
+    if activations not in ("bf16", "fp32"):
+        raise CourseError(f"activations must be 'bf16' or 'fp32', not {activations!r}.")
+    dtype = torch.bfloat16 if activations == "bf16" else torch.float32
+    return torch._weight_int8pack_mm(x.to(dtype).contiguous(), codes.contiguous(), scale.to(dtype).contiguous()).float()
+
+
+@dataclass
+class KernelTiming:
+    """Median seconds of x @ W.T over `layers` different weight matrices, read three ways."""
+
+    int8_seconds: float  # W in int8, x in bf16: the kernel's fast path
+    int8_fp32_activations_seconds: float  # W in int8, x in fp32: the same kernel's generic path
+    fp32_seconds: float  # W in fp32 (dequantized: the same numbers at 4 bytes each), as nn.Linear reads it
+    max_relative_difference: float  # max |int8 result - fp32 result| / max |fp32 result|
+    weight_bytes_fp32: int  # bytes of the fp32 matrices read per call (int8: a quarter, plus the scales)
+
+
+def time_int8_vs_fp32(m: int, k: int, n: int, repeats: int = 20, layers: int = 1) -> tuple[KernelTiming | None, str]:
+    """Time x [m, k] @ W.T for random W [n, k] in int8 and in fp32: (KernelTiming, "") or (None, why not).
+
+    m = 1 is decoding one token: then the time is mostly reading W, and int8 reads a quarter of the bytes.
+    layers > 1 uses that many different matrices in a row, as a model does: enough of them (more bytes than
+    the CPU's last-level cache) makes each read come from memory, not from the cache.
+    """
+    ok, why = int8_matmul_available()
+    if not ok:
+        return None, why
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=gen)  # [m, k]
+    packed = [quantize_int8_per_channel(torch.randn(n, k, generator=gen) * 0.02) for _ in range(layers)]
+    weights = [dequantize_int8(codes, scale) for codes, scale in packed]  # [n, k] fp32 each
+    x16 = x.to(torch.bfloat16)
+    packed16 = [(codes, scale.to(torch.bfloat16)) for codes, scale in packed]  # converted once, outside the timing
+    runs = {"int8": lambda: [torch._weight_int8pack_mm(x16, c, s) for c, s in packed16],
+            "int8_fp32": lambda: [torch._weight_int8pack_mm(x, c, s) for c, s in packed],
+            "fp32": lambda: [F.linear(x, w) for w in weights]}
+    seconds = {}
+    for name, fn in runs.items():
+        fn()  # warm up: the first call pays for allocation and kernel choice
+        seconds[name] = statistics.median(timed(fn)[0] for _ in range(repeats))
+    exact = x @ weights[0].T  # [m, n]
+    diff = ((int8_matmul(x, *packed[0]) - exact).abs().max() / exact.abs().max()).item()
+    return KernelTiming(seconds["int8"], seconds["int8_fp32"], seconds["fp32"], diff, layers * n * k * 4), ""
+
+
+# --------------------------------------------------------------------------- 3. the KV cache in int8
+
+
+def quantize_kv_int8(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 keys (or values) with one scale per (batch, head, position), across head_dim.
+
+    k [batch, kv_heads, seq, head_dim] -> codes int8 of the same shape, scale [batch, kv_heads, seq, 1]
+    fp32. Each position is quantized once, when it is written, and never changes after.
+    """
+    k = k.detach().float()
+    scale = k.abs().amax(dim=-1, keepdim=True) / 127  # [batch, kv_heads, seq, 1]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(k / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_kv_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """codes int8 [batch, kv_heads, seq, head_dim], scale [batch, kv_heads, seq, 1] -> fp32 like codes."""
+    return codes.float() * scale
+
+
+def kv_int8_max_error(k: torch.Tensor) -> float:
+    """The largest |k - dequantize(quantize(k))| over all entries, in k's own units."""
+    return (dequantize_kv_int8(*quantize_kv_int8(k)) - k.float()).abs().max().item()

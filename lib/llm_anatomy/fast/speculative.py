@@ -1,0 +1,289 @@
+"""Speculative decoding: guess several tokens cheaply, check them all in one pass of the model (claim C18).
+
+Decode is memory-bound: one token costs one read of every weight, and a pass over k + 1 tokens costs
+little more, because the weights are read once for all of them. So let something cheap draft k tokens,
+then run the model once over the last token and the k drafts. Position i of that pass says what the
+model itself would have chosen after draft i - 1:
+
+- greedy: keep the drafts while each equals the model's own choice; at the first that differs, take the
+  model's token instead. Every round gives at least one token, and the output is exactly plain greedy
+  decoding's (to float rounding of the wider pass): a wrong draft costs time, never correctness.
+- sampling (Leviathan et al. 2023, Chen et al. 2023): accept a draft x with probability min(1, p(x) / q(x)),
+  where p is the model's distribution and q the draft's; on rejection, sample from max(p - q, 0),
+  normalised. The tokens that come out are distributed exactly as p, whatever q is.
+
+Drafts that need no second model: `PromptLookupDraft` copies what followed the latest earlier match of the
+last few tokens (texts that quote their input: edits, summaries, code); `LayerSkipDraft` runs the model with
+some of its layers left out. Both keep the interface draft(context, k) -> (tokens, q or None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..generate.decode import prefill
+from ..device import timed
+from ..errors import CourseError
+
+# --------------------------------------------------------------------------- drafts
+
+
+class PromptLookupDraft:
+    """Propose the k tokens that followed the latest earlier occurrence of the context's last n tokens.
+
+    n goes from `max_ngram` down to `min_ngram`; no match: no draft (the round is a plain decode step).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise CourseError(f"Use 1 <= min_ngram <= max_ngram, not {min_ngram} and {max_ngram}.")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def draft(self, context: list[int], k: int, temperature: float = 0.0, generator=None):
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            tail = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # latest match first, never the tail itself
+                if context[start:start + n] == tail:
+                    return context[start + n:start + n + k], None  # q is one-hot: the draft is certain
+        return [], None
+
+    def rollback(self, valid: int) -> None:
+        """Nothing to undo: the draft keeps no state."""
+
+
+class LayerSkipDraft:
+    """The model itself with only the layers in `keep`: cheaper per token, often right on easy tokens.
+
+    Keeping the first n layers is an early exit (the logit lens of notebook 04 as a draft). It keeps its own
+    KV cache, since its residual stream, and so its keys and values, differ from the full model's.
+    """
+
+    def __init__(self, model, keep, max_len: int | None = None):
+        keep = sorted(set(int(i) for i in keep))
+        if not keep or keep[0] < 0 or keep[-1] >= model.cfg.num_layers:
+            raise CourseError(f"keep must name layers from 0 to {model.cfg.num_layers - 1}, not {keep}.")
+        with torch.device("meta"):  # a skeleton whose parts are the model's own modules (shared, not copied)
+            self.model = type(model)(dataclasses.replace(model.cfg, num_layers=0))
+        self.model.cfg = model.cfg  # the cache keeps every layer's slot; the skipped ones stay empty
+        self.model.embed_tokens, self.model.norm, self.model.lm_head = model.embed_tokens, model.norm, model.lm_head
+        self.model.layers = nn.ModuleList(model.layers[i] for i in keep)
+        self.keep, self.max_len, self.cache = keep, max_len, None
+
+    @torch.inference_mode()
+    def draft(self, context: list[int], k: int, temperature: float = 0.0, generator=None):
+        if self.cache is None or self.cache.max_len < len(context) + k:
+            self.cache = self.model.new_cache(1, max(self.max_len or 0, 2 * (len(context) + k)))
+        device = self.model.device
+        logits = self.model(torch.tensor([context[self.cache.length:]], device=device), cache=self.cache,
+                            logits_to_keep=1)[0, -1]  # catch up on the tokens it has not seen
+        tokens, probs = [], []
+        for i in range(k):
+            token, q = _choose(logits, temperature, generator)
+            tokens.append(token)
+            probs.append(q)
+            if i < k - 1:
+                logits = self.model(torch.tensor([[token]], device=device), cache=self.cache, logits_to_keep=1)[0, -1]
+        return tokens, (torch.stack(probs) if temperature > 0 else None)
+
+    def rollback(self, valid: int) -> None:
+        """Forget cached positions from `valid` on (drafts that the model rejected)."""
+        if self.cache is not None:
+            self.cache.length = min(self.cache.length, valid)
+
+
+def _choose(logits: torch.Tensor, temperature: float, generator=None) -> tuple[int, torch.Tensor | None]:
+    """The next token from logits [vocab]: the argmax when temperature is 0, else a sample; and its distribution."""
+    if temperature <= 0:
+        return int(logits.argmax()), None
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator)), probs
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def accept_or_resample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator=None):
+    """Leviathan/Chen's rule: (accepted [n] bool, tokens [n]) for draft tokens `drafts` [n] drawn from q.
+
+    p, q: the model's and the draft's distributions [vocab] (q one-hot for a certain draft). A draft x is kept
+    with probability min(1, p(x) / q(x)); otherwise the token is drawn from max(p - q, 0), normalised. Either
+    way, the token is distributed as p.
+    """
+    if p.shape != q.shape or p.dim() != 1:
+        raise CourseError(f"p and q must be distributions of one shape [vocab], not {tuple(p.shape)}, {tuple(q.shape)}.")
+    p, q = p.double(), q.double()
+    u = torch.rand(drafts.shape, generator=generator, dtype=torch.float64, device=p.device)
+    accepted = u * q[drafts] < p[drafts]  # u < p/q without dividing by a q(x) of 0
+    residual = (p - q).clamp(min=0)
+    residual = residual / residual.sum() if residual.sum() > 0 else p  # p == q: never rejected anyway
+    resampled = torch.multinomial(residual, drafts.numel(), replacement=True, generator=generator).view(drafts.shape)
+    return accepted, torch.where(accepted, drafts, resampled)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class SpeculativeResult:
+    """What a speculative generation gives back: the tokens and how the drafts fared."""
+
+    tokens: list[int]
+    rounds: int = 0  # passes of the model after the prefill (one per round)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens kept
+    rejections: int = 0  # rounds that stopped at a rejected draft
+    accepted_per_round: list[int] = field(default_factory=list)
+    rounds_without_draft: int = 0  # rounds with room for drafts in which the draft proposed none (no match)
+    prefill_s: float = 0.0  # wall time of the prefill and the first token, seconds
+    seconds: float = 0.0  # wall time of the whole generation, prefill included
+
+    @property
+    def acceptance_rate(self) -> float:
+        """P(a draft token is kept | those before it were): kept / (kept + rejected). 0 when nothing was drafted."""
+        examined = self.accepted + self.rejections
+        return self.accepted / examined if examined else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """New tokens per pass of the model after the prefill (plain decoding: 1); the prefill makes the first."""
+        return (len(self.tokens) - 1) / self.rounds if self.rounds else 1.0
+
+
+@torch.inference_mode()
+def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft, k: int = 4, *,
+                         temperature: float = 0.0, generator=None, eos_token_id: int | None = None) -> SpeculativeResult:
+    """Generate `new_tokens` for one prompt [1, seq]: draft k tokens, verify them in one pass, keep the good ones.
+
+    temperature 0 is greedy (the same tokens as generate_greedy); above 0, samples from softmax(logits / T)
+    with the accept-or-resample rule. Stops after `eos_token_id` when given.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise CourseError(f"The draft length k must be a whole number, at least 1, not {k!r}.")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
+    if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
+        raise CourseError(f"Speculative decoding here runs one sequence: prompt_ids [1, seq], not {tuple(prompt_ids.shape)}.")
+    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator,
+                                              eos_token_id), prompt_ids.device)
+    result.seconds = seconds
+    return result
+
+
+def _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator, eos_token_id) -> SpeculativeResult:
+    """speculative_generate's loop, its arguments checked."""
+    context = prompt_ids[0].tolist()
+    cache = model.new_cache(1, len(context) + new_tokens + 1)
+    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], temperature, generator)[0],
+                             prompt_ids.device)
+    result = SpeculativeResult([first], prefill_s=prefill_s)
+    while len(result.tokens) < new_tokens and result.tokens[-1] != eos_token_id:
+        room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
+        seen = context + result.tokens
+        drafts, q = draft.draft(seen, min(k, room), temperature, generator) if room else ([], None)
+        drafts = drafts[:room]
+        before = cache.length
+        ids = torch.tensor([[result.tokens[-1]] + drafts], device=prompt_ids.device)  # [1, 1 + drafts]
+        logits = model(ids, cache=cache, logits_to_keep=ids.shape[1])[0]  # [1 + drafts, vocab]: one pass
+        kept, token = _verify(logits, drafts, q, temperature, generator)
+        cache.length = before + 1 + kept  # the last token and the kept drafts; the rest is overwritten later
+        draft.rollback(len(seen) + kept)
+        result.rounds += 1
+        result.drafted += len(drafts)
+        result.accepted += kept
+        result.rejections += kept < len(drafts)
+        result.rounds_without_draft += room > 0 and not drafts
+        result.accepted_per_round.append(kept)
+        result.tokens += drafts[:kept] + [token]
+    if eos_token_id in result.tokens:
+        result.tokens = result.tokens[:result.tokens.index(eos_token_id) + 1]
+    return result
+
+
+def _verify(logits, drafts, q, temperature, generator) -> tuple[int, int]:
+    """(how many drafts to keep, the token that follows them) from the model's logits [1 + drafts, vocab]."""
+    if temperature <= 0:  # greedy: keep the drafts while each is the model's own choice
+        choices = logits.argmax(dim=-1).tolist()  # [1 + drafts]: one read back to the host for the whole round
+        kept = next((i for i, x in enumerate(drafts) if x != choices[i]), len(drafts))
+        return kept, choices[kept]
+    for i, x in enumerate(drafts):
+        p = torch.softmax(logits[i].float() / temperature, dim=-1)
+        q_i = q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).to(p)
+        accepted, token = accept_or_resample(p, q_i, torch.tensor([x], device=p.device), generator)
+        if not bool(accepted[0]):
+            return i, int(token[0])
+    return len(drafts), _choose(logits[len(drafts)], temperature, generator)[0]  # all kept: a bonus token from p
+
+
+# --------------------------------------------------------------------------- what to expect, and a test
+
+
+def expected_tokens_per_round(acceptance: float, k: int) -> float:
+    """1 + a + a^2 + ... + a^k: the expected tokens from one round when each draft is kept with probability a."""
+    if not 0 <= acceptance <= 1:
+        raise CourseError(f"An acceptance rate lies between 0 and 1, not {acceptance}.")
+    return float(sum(acceptance ** i for i in range(k + 1)))
+
+
+def predicted_speedup(acceptance: float, k: int, verify_cost: float, draft_cost: float = 0.0) -> float:
+    """Expected speedup over plain decoding: tokens per round / (cost of a round in plain decode steps).
+
+    verify_cost: time of one pass over k + 1 tokens divided by one decode step (a little above 1 when memory-bound);
+    draft_cost: time of one draft token in decode steps (0 for prompt lookup).
+    """
+    return expected_tokens_per_round(acceptance, k) / (verify_cost + k * draft_cost)
+
+
+@dataclass
+class ChiSquared:
+    statistic: float
+    dof: int
+    p_value: float  # the chance of a statistic at least this large if the samples do follow the distribution
+
+
+def chi_squared_test(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> ChiSquared:
+    """Pearson's chi-squared test of token samples [n] against a distribution [vocab].
+
+    Tokens expected fewer than `min_expected` times are pooled into one bin, as the test requires.
+    """
+    n, probs = samples.numel(), probs.double().cpu()
+    counts = torch.bincount(samples.reshape(-1).cpu(), minlength=probs.numel()).double()
+    expected = probs * n
+    big = expected >= min_expected
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if wanted[-1] < min_expected:  # too little left over for a bin of its own: fold it into the others' total
+        observed, wanted = observed[:-1], wanted[:-1]
+        observed[-1] += counts[~big].sum()
+        wanted[-1] += expected[~big].sum()
+    statistic = float(((observed - wanted) ** 2 / wanted).sum())
+    dof = observed.numel() - 1
+    if dof < 1:
+        raise CourseError("The test needs at least two bins: draw more samples, or use a less certain distribution.")
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                            torch.tensor(statistic / 2, dtype=torch.float64)))
+    return ChiSquared(statistic, dof, p_value)
+
+
+# --------------------------------------------------------------------------- a task whose answer copies its input
+
+TYPOS = {"evaluates": "evalutes", "remember": "remeber", "single": "singel", "recursively": "recursivly",
+         "ultimately": "ultimatly", "exception": "exeption"}
+
+
+def editing_task(text: str | None = None) -> list[dict]:
+    """A chat asking the model to proofread a passage and give it back: most of the answer is copied from
+    the prompt, which is what prompt lookup drafts from. By default, two paragraphs of Python's documentation
+    (shipped with Python, so offline) with a few spelling mistakes put in."""
+    if text is None:
+        from pydoc_data.topics import topics
+
+        doc = topics["assignment"]
+        start = doc.index("An assignment statement evaluates")
+        text = doc[start:doc.index("The rules", start)].strip()
+        for right, wrong in TYPOS.items():
+            text = text.replace(right, wrong, 1)
+    return [{"role": "user", "content": "Proofread the following text. Reply with the corrected text only.\n\n" + text}]

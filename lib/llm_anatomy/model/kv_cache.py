@@ -1,0 +1,158 @@
+"""The KV cache: keys and values of every past position, kept so decode never recomputes them.
+
+One preallocated tensor per layer for keys and one for values, `[batch, kv_heads, max_len, head_dim]`,
+and a length: how many positions are filled. Each forward pass writes its new positions at
+`length` in every layer, then advances `length` once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import CourseError
+
+
+@dataclass
+class KVCache:
+    keys: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
+    values: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
+    length: int = 0  # positions filled so far
+    pad_mask: torch.Tensor | None = field(default=None)  # [batch, max_len] bool, False = padding
+    padded: bool = False  # whether pad_mask holds any padding: decode steps then skip reading it
+
+    @classmethod
+    def allocate(cls, num_layers: int, batch_size: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> "KVCache":
+        """An empty cache with room for `max_len` positions in each of `num_layers` layers."""
+        if batch_size < 1 or max_len < 1:
+            raise CourseError(f"A KV cache needs batch_size >= 1 and max_len >= 1, not {batch_size} and {max_len}.")
+        shape = (batch_size, kv_heads, max_len, head_dim)
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        pad_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        return cls(keys, values, 0, pad_mask)
+
+    @property
+    def max_len(self) -> int:
+        return self.keys[0].shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `k`, `v` `[batch, kv_heads, new, head_dim]` at position `length` of `layer`.
+
+        Returns the keys and values of all positions so far, `[batch, kv_heads, length + new, head_dim]`
+        (views into the cache, no copy). Call advance(new) once after the last layer.
+        """
+        new = k.shape[2]
+        end = self.length + new
+        if end > self.max_len:
+            raise CourseError(f"The KV cache is full: it holds {self.max_len} positions and this step needs {end}. "
+                              "Allocate a bigger one with new_cache(batch_size, max_len).")
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The key mask for a call that adds `new` positions: `[batch, length + new]` bool, or None when
+        nothing is padding.
+
+        attention_mask: `[batch, length + new]` of 1 (token) and 0 (padding) for this call, or None when the
+        new tokens are real ones. The cache remembers which positions are padding, so later calls need no mask.
+        """
+        end = self.length + new
+        if attention_mask is not None:
+            mask = attention_mask.bool()
+            self.pad_mask[:, :end] = mask
+            self.padded = self.padded or not bool(mask.all())
+            return mask
+        if not self.padded:  # no padding anywhere: attention needs no key mask at all
+            return None
+        mask = self.pad_mask[:, :end].clone()
+        mask[:, self.length:] = True
+        return mask
+
+    def advance(self, new: int) -> None:
+        """Mark `new` more positions as filled (after every layer has written them)."""
+        self.length += new
+
+    def reset(self) -> None:
+        """Forget every position (the memory stays allocated)."""
+        self.length = 0
+        self.padded = False
+        if self.pad_mask is not None:
+            self.pad_mask.fill_(True)
+
+    def used_bytes(self) -> int:
+        """Bytes of keys and values for the filled positions, all layers."""
+        per_position = sum(t[:, :, :1].numel() * t.element_size() for t in self.keys + self.values)
+        return per_position * self.length
+
+    def allocated_bytes(self) -> int:
+        """Bytes reserved for keys and values, filled or not."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, seq_len: int = 1,
+             batch_size: int = 1) -> int:
+    """Bytes of a KV cache: 2 (K and V) x layers x kv_heads x head_dim x bytes per number x seq_len x batch.
+
+    SmolLM2-135M in bf16: 2 x 30 x 3 x 64 x 2 = 23,040 bytes per token.
+    """
+    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                        ("bytes_per_element", bytes_per_element), ("seq_len", seq_len), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CourseError(f"{name} must be a whole number >= 0, not {value!r}.")
+    return 2 * layers * kv_heads * head_dim * bytes_per_element * seq_len * batch_size
+
+
+# --------------------------------------------------------------------------- reading a transformers config
+
+
+def kv_layout(config) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a decoder config: what one position of the KV cache holds per K and V.
+
+    Reads transformers' names for Llama-family models (num_key_value_heads), GPT-2 (n_layer, n_head)
+    and Falcon (num_kv_heads, multi_query, new_decoder_architecture). MHA: kv_heads == heads;
+    GQA: fewer; MQA: one.
+    """
+    layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _first(config, "num_attention_heads", "n_head")
+    if getattr(config, "model_type", None) == "falcon" or hasattr(config, "new_decoder_architecture"):
+        # Falcon's config keeps num_kv_heads == heads even for its multi-query models: the flags decide.
+        if getattr(config, "new_decoder_architecture", False):
+            kv_heads = config.num_kv_heads
+        else:
+            kv_heads = 1 if getattr(config, "multi_query", False) else heads
+    else:
+        kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=None)
+        if kv_heads is None:
+            kv_heads = 1 if getattr(config, "multi_query", False) else heads
+    head_dim = _first(config, "head_dim", default=None) or _first(config, "hidden_size", "n_embd") // heads
+    return int(layers), int(kv_heads), int(head_dim)
+
+
+def kv_cache_bytes(config, seq_len: int, batch_size: int = 1, dtype: torch.dtype = torch.bfloat16) -> int:
+    """`kv_bytes` for a transformers decoder config (or an object with the same attribute names).
+
+    MHA, GQA and MQA are covered (see kv_layout); head_dim defaults to hidden_size // heads.
+    """
+    if isinstance(seq_len, bool) or isinstance(batch_size, bool) or seq_len < 0 or batch_size < 0:
+        raise CourseError("seq_len and batch_size must be zero or more.")
+    layers, kv_heads, head_dim = kv_layout(config)
+    bytes_per = torch.tensor([], dtype=dtype).element_size()
+    return kv_bytes(layers, kv_heads, head_dim, bytes_per, int(seq_len), int(batch_size))
+
+
+def _first(config, *names, default=KeyError):
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    if default is KeyError:
+        raise CourseError(f"The config has none of {names}: is it a decoder language model?")
+    return default

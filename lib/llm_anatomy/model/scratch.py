@@ -1,0 +1,321 @@
+"""The Llama-family model from scratch, in plain PyTorch, running the real weights.
+
+Read it top to bottom: a config, then small modules named after what they are (RMSNorm, MLP,
+Attention, Block), then the model. `ScratchLlama.from_hf(hf_model)` takes the weights of a loaded
+transformers model (shared, not copied) and checks every shape. Calling the model on token ids
+gives logits `[batch, seq, vocab]`; `trace(...)` also gives each layer's residual stream and,
+for the layers you ask for, the attention weights. A KVCache from `new_cache()` makes decoding
+feed only the newest token (notebook 06 explains it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .attention import attention, attention_probabilities
+from ..errors import CourseError
+from .kv_cache import KVCache
+from ..weights.load import transformers_model
+from .rope import apply_rope, rope_cos_sin, rope_frequencies
+
+
+@dataclass
+class ScratchConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+
+    @classmethod
+    def from_hf(cls, config) -> "ScratchConfig":
+        """Read the numbers we need from a transformers Llama-family config."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise CourseError(f"This from-scratch model implements plain RoPE, not {rope['rope_type']!r} scaling.")
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        if head_dim % 2:
+            raise CourseError(f"head_dim must be even for RoPE (it rotates pairs); this config has {head_dim}.")
+        return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                   intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
+                   num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim=head_dim, rope_theta=float(theta), rms_norm_eps=config.rms_norm_eps,
+                   max_position_embeddings=config.max_position_embeddings,
+                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ScratchConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE, reading and writing the KV cache when given one."""
+
+    def __init__(self, cfg: ScratchConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None, key_mask=None, return_weights=False):
+        b, s, _ = x.shape
+        d = self.cfg.head_dim
+        q = self.q_proj(x).view(b, s, self.cfg.num_heads, d).transpose(1, 2)  # [b, heads, s, d]
+        k = self.k_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
+        v = self.v_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # all positions so far: [b, kv_heads, past + s, d]
+        out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
+        out, weights = out if return_weights else (out, None)
+        out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
+        return self.o_proj(out), weights
+
+
+class Block(nn.Module):
+    """One transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ScratchConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, key_mask=None, return_weights=False):
+        attn_out, weights = self.self_attn(self.input_layernorm(x), cos, sin, cache, key_mask, return_weights)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, weights
+
+
+@dataclass
+class ScratchOutput:
+    logits: torch.Tensor  # [batch, seq, vocab]
+    hidden_states: list[torch.Tensor] = field(default_factory=list)  # residual stream: embeddings, then after each block
+    attentions: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [batch, heads, q_len, k_len]
+
+
+class ScratchLlama(nn.Module):
+    """The whole model: embedding, blocks, final norm, LM head (tied to the embedding when the config says so)."""
+
+    def __init__(self, cfg: ScratchConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self._inv_freq = None  # RoPE frequencies on the model's device, made on first use
+
+    @classmethod
+    def from_hf(cls, hf_model) -> "ScratchLlama":
+        """Build from a loaded transformers Llama-family model, sharing its weight tensors (no copy).
+
+        Accepts the transformers model itself or the course's LoadedModel. Every shape is checked.
+        """
+        hf_model = transformers_model(hf_model)
+        cfg = ScratchConfig.from_hf(hf_model.config)
+        with torch.device("meta"):  # no memory and no random init: the real weights come next
+            ours = cls(cfg)
+        theirs = hf_model.state_dict()
+        weights = {}
+        for name, param in ours.named_parameters():
+            key = "lm_head.weight" if name == "lm_head.weight" else f"model.{name}"
+            if key not in theirs:
+                raise CourseError(f"The model has no weight named {key}: is it a Llama-family model?")
+            if theirs[key].shape != param.shape:
+                raise CourseError(f"Shape mismatch for {name}: ours {tuple(param.shape)}, "
+                                  f"theirs {tuple(theirs[key].shape)}.")
+            weights[name] = theirs[key]
+        ours.load_state_dict(weights, strict=False, assign=True)  # assign: share the storage, no copy
+        if cfg.tie_word_embeddings:
+            ours.lm_head.weight = ours.embed_tokens.weight
+        return ours.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """An empty KV cache for this model (max_len defaults to the model's context length)."""
+        cfg = self.cfg
+        return KVCache.allocate(cfg.num_layers, batch_size, cfg.num_kv_heads, max_len or cfg.max_position_embeddings,
+                                cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits `[batch, seq, vocab]` for token ids `[batch, seq]`; with a cache, appends to it.
+
+        logits_to_keep: compute logits for the last n positions only (0 = all). Generation needs
+        only the last one, and the LM head is the largest matrix of a small model.
+        """
+        return self.trace(input_ids, cache, attention_mask, keep_hidden=False, logits_to_keep=logits_to_keep).logits
+
+    @torch.no_grad()
+    def trace(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+              attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True,
+              attention_layers=(), logits_to_keep: int = 0) -> ScratchOutput:
+        """Run the model and keep what the notebooks look at.
+
+        attention_mask: optional `[batch, past + seq]` of 1 (token) and 0 (left padding), as in transformers.
+        keep_hidden: keep the residual stream `[batch, seq, hidden]` before the first block and after each.
+        attention_layers: layers whose attention weights to keep (computing them costs memory).
+        """
+        self._check_ids(input_ids)
+        b, s = input_ids.shape
+        past = cache.length if cache is not None else 0
+        check_context(past + s, self.cfg.max_position_embeddings)
+        if cache is not None and cache.batch_size != b:
+            raise CourseError(f"The cache was made for batch size {cache.batch_size}, not {b}.")
+        if attention_mask is not None and attention_mask.shape != (b, past + s):
+            raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
+                              f"not {tuple(attention_mask.shape)}.")
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(input_ids.device)  # a mask made on the CPU for ids on a GPU
+        if cache is not None:
+            key_mask = cache.key_mask(s, attention_mask)  # the cache keeps track of padding itself
+        else:
+            key_mask = None if attention_mask is None else attention_mask.bool()
+        cos, sin = self.rope(self._positions(key_mask, past, s, input_ids.device))
+        x = self.embed_tokens(input_ids)  # [b, s, hidden]
+        out = ScratchOutput(logits=x)
+        wanted = set(attention_layers)
+        if keep_hidden:
+            out.hidden_states.append(x)
+        for i, block in enumerate(self.layers):
+            x, weights = block(x, cos, sin, cache, key_mask, return_weights=i in wanted)
+            if weights is not None:
+                out.attentions[i] = weights
+            if keep_hidden:
+                out.hidden_states.append(x)
+        if cache is not None:
+            cache.advance(s)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
+        out.logits = self.lm_head(self.norm(x))
+        return out
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[..., seq, head_dim]` for positions `[..., seq]`, in the model's dtype.
+
+        The frequencies are computed once on the CPU, as transformers does (so both agree bit for bit),
+        and kept on the model's device: a decode step then makes no host-to-device copy.
+        """
+        if self._inv_freq is None or self._inv_freq.device != positions.device:
+            self._inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta).to(positions.device)
+        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=self.dtype,
+                            inv_freq=self._inv_freq)
+
+    @staticmethod
+    def _positions(key_mask: torch.Tensor | None, past: int, s: int, device) -> torch.Tensor:
+        """RoPE positions of the `s` new tokens: `[s]`, or `[batch, s]` when left padding shifts them."""
+        if key_mask is None:
+            return torch.arange(past, past + s, device=device)
+        return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise CourseError(f"input_ids must be a tensor of shape [batch, seq], not {shape}: "
+                              "wrap one prompt's ids as torch.tensor([ids]).")
+        if input_ids.shape[1] == 0:
+            raise CourseError("input_ids holds no token: give at least one.")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise CourseError(f"input_ids must be integer token ids, not {input_ids.dtype}.")
+        # the range check reads the ids back from the device: skip it for one-token decode steps on a GPU
+        if input_ids.device.type == "cpu" or input_ids.shape[1] > 1:
+            if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size:
+                raise CourseError(f"input_ids must be integer token ids from 0 to {self.cfg.vocab_size - 1}.")
+
+    @torch.no_grad()
+    def attention_weights(self, input_ids: torch.Tensor, layer: int, head: int | None = None,
+                          attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention weights of one layer, running only the blocks before it (no cache, no logits).
+
+        Returns `[batch, heads, seq, seq]`, or `[batch, seq, seq]` for one `head`; each row sums to 1
+        (a padding query's row is all zeros). Only the chosen layer's weights are ever materialised.
+        """
+        self._check_ids(input_ids)
+        cfg = self.cfg
+        if not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
+            raise CourseError(f"layer must be a whole number from 0 to {cfg.num_layers - 1}, not {layer!r}.")
+        if head is not None and (not isinstance(head, int) or not 0 <= head < cfg.num_heads):
+            raise CourseError(f"head must be a whole number from 0 to {cfg.num_heads - 1}, not {head!r}.")
+        b, s = input_ids.shape
+        check_context(s, cfg.max_position_embeddings)
+        if attention_mask is not None and attention_mask.shape != (b, s):
+            raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
+        key_mask = None if attention_mask is None else attention_mask.to(input_ids.device).bool()
+        cos, sin = self.rope(self._positions(key_mask, 0, s, input_ids.device))
+        x = self.embed_tokens(input_ids)  # [b, s, hidden]
+        for block in self.layers[:layer]:
+            x, _ = block(x, cos, sin, None, key_mask)
+        attn = self.layers[layer].self_attn
+        h = self.layers[layer].input_layernorm(x)
+        d, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        if head is None:
+            q_weight, k_weight, q_heads, k_heads = attn.q_proj.weight, attn.k_proj.weight, heads, kv_heads
+        else:  # only the rows of the chosen query head and of the KV head its group reads
+            kv = head // (heads // kv_heads)
+            q_weight, k_weight = attn.q_proj.weight[head * d:(head + 1) * d], attn.k_proj.weight[kv * d:(kv + 1) * d]
+            q_heads, k_heads = 1, 1
+        q = (h @ q_weight.T).view(b, s, q_heads, d).transpose(1, 2)  # [b, q_heads, s, d]
+        k = (h @ k_weight.T).view(b, s, k_heads, d).transpose(1, 2)  # [b, k_heads, s, d]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        weights = attention_probabilities(q, k, causal=True, key_mask=key_mask)  # [b, q_heads, s, s]
+        return weights if head is None else weights[:, 0]
+
+
+def check_context(positions: int, context: int) -> None:
+    """Refuse a call that needs more positions than the model's context (the one place this is checked)."""
+    if positions > context:
+        raise CourseError(f"{positions} positions exceed the model's context of {context} tokens (it reads at most "
+                          f"{context}): shorten the prompt or ask for fewer new tokens.")
+
+
+def as_scratch(model) -> ScratchLlama:
+    """A ScratchLlama for a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared)."""
+    return model if isinstance(model, ScratchLlama) else ScratchLlama.from_hf(model)

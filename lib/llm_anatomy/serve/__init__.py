@@ -1,0 +1,1 @@
+"""Stage 5, notebook 08 (Serving many users): batching, the paged KV cache, prefix caching, the continuous-batching scheduler."""

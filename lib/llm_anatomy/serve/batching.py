@@ -1,0 +1,162 @@
+"""Serving requests in batches: a request and its clock, and static batching (claims C13, C15).
+
+A server runs many users' requests through one model. A `Request` holds a prompt, how many tokens to write, when
+it arrived, and, once served, its output and the time each token came out (TTFT and TPOT follow from those).
+
+Static (request-level) batching serves a batch the way `generate` does: take up to `max_batch` waiting requests,
+left-pad their prompts into one rectangle, prefill it, then decode until the longest is done. One decode step reads
+the weights once for every row, which is why batching pays (C13). But a request that is done early keeps its row,
+computing for nobody, and one that arrives meanwhile waits for the whole batch: continuous batching
+(scheduler.py) fixes both (C15).
+
+The clock: every model call is timed with device.timed and the engine's clock `now` advances by its seconds; when
+nothing runs it jumps to the next arrival. `cost(tokens, rows)` replaces the measurement by a formula, so that
+tests and pictures can follow a schedule that does not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..generate.decode import decode_step, prefill
+from ..device import timed
+from ..errors import CourseError
+
+
+@dataclass(eq=False)
+class Request:
+    """One user's request and what happened to it. Times are seconds on the scheduler's clock."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    eos_token_id: int | None = None  # stop early on this token (None: always max_new_tokens)
+    id: int = -1  # set when submitted
+    output: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # when each output token came out
+    slot: int = -1  # which row of the batch it held
+    admitted_s: float | None = None
+    finished_s: float | None = None
+    released_s: float | None = None  # when its slot was free again (static batching: when the whole batch ended)
+    preempted: int = 0  # times its blocks were taken back (it is then recomputed, keeping its output)
+    blocks: list[int] = field(default_factory=list, repr=False)  # block table in the pool (continuous batching)
+    computed: int = 0  # positions whose K and V are in the cache
+    cached: int = 0  # prompt positions found in the prefix cache at admission
+    spans: list = field(default_factory=list, repr=False)  # (slot, start, end): when it held a row of the batch
+
+    def __post_init__(self):
+        if isinstance(self.prompt, torch.Tensor):
+            self.prompt = self.prompt.flatten().tolist()
+        if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
+            raise CourseError("The prompt is empty: a request needs at least one token id.")
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.prompt):
+            raise CourseError("A prompt is a list of token ids, whole numbers >= 0.")
+        self.prompt = [int(t) for t in self.prompt]
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CourseError(f"max_new_tokens must be a whole number, at least 1, not {n!r}.")
+        if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
+            raise CourseError(f"arrival_s must be a time in seconds, 0 or more, not {self.arrival_s!r}.")
+
+    def fresh(self) -> "Request":
+        """A copy with nothing recorded yet, to serve the same request again."""
+        return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        eos = self.eos_token_id is not None and bool(self.output) and self.output[-1] == self.eos_token_id
+        return len(self.output) >= self.max_new_tokens or eos
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: from arrival to the first output token (queueing included), seconds."""
+        return self.token_times[0] - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """Time per output token after the first: the mean gap between its output tokens, seconds (0 for one token)."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
+
+
+class Engine:
+    """What both schedulers share: the model, the clock, the requests and how their times are recorded."""
+
+    def __init__(self, model, max_batch: int, cost=None):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise CourseError(f"max_batch must be a whole number of sequences, at least 1, not {max_batch!r}.")
+        self.model, self.max_batch, self.cost = model, max_batch, cost
+        self.now = 0.0  # seconds on the scheduler's clock
+        self.calls: list[tuple[float, float, str, int, int]] = []  # (start, end, "prefill"/"decode", rows, tokens)
+
+    def _call(self, kind: str, rows: int, tokens: int, fn):
+        """Run one model call; the clock advances by its measured time (or by cost(tokens, rows))."""
+        seconds, out = timed(fn, self.model.device)
+        if self.cost is not None:
+            seconds = float(self.cost(tokens, rows))
+        self.calls.append((self.now, self.now + seconds, kind, rows, tokens))
+        self.now += seconds
+        return out
+
+    def _check(self, request: Request, capacity: int | None = None) -> None:
+        if not isinstance(request, Request):
+            raise CourseError(f"Submit a Request(prompt=[ids], max_new_tokens=n), not {type(request).__name__}.")
+        cfg, total = self.model.cfg, len(request.prompt) + request.max_new_tokens
+        if max(request.prompt) >= cfg.vocab_size:
+            raise CourseError(f"Token ids must be below the vocabulary size {cfg.vocab_size}.")
+        if total > cfg.max_position_embeddings:
+            raise CourseError(f"{len(request.prompt)} prompt + {request.max_new_tokens} new tokens exceed the model's "
+                              f"context of {cfg.max_position_embeddings}.")
+        if capacity is not None and total > capacity:
+            raise CourseError(f"This request needs {total} positions, more than the whole KV pool holds ({capacity}): "
+                              "shorten it or make a pool with more blocks.")
+
+
+def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
+    """Request-level batching (see the module text); returns fresh copies of `requests` with outputs and times."""
+    engine = Engine(model, max_batch, cost)
+    for r in requests:  # every request is checked before any is served
+        engine._check(r)
+    reqs = [r.fresh() for r in requests]
+    for i, r in enumerate(reqs):
+        r.id = i
+    queue, device = deque(sorted(reqs, key=lambda r: r.arrival_s)), model.device
+    while queue:
+        engine.now = max(engine.now, queue[0].arrival_s)  # idle until the next arrival
+        batch = []
+        while queue and len(batch) < max_batch and queue[0].arrival_s <= engine.now:
+            batch.append(queue.popleft())
+        longest, steps = max(len(r.prompt) for r in batch), max(r.max_new_tokens for r in batch)
+        ids = torch.tensor([[0] * (longest - len(r.prompt)) + r.prompt for r in batch], device=device)  # left pad
+        mask = torch.tensor([[0] * (longest - len(r.prompt)) + [1] * len(r.prompt) for r in batch], device=device)
+        cache = model.new_cache(len(batch), longest + steps)
+        for slot, r in enumerate(batch):
+            r.slot, r.admitted_s = slot, engine.now
+        out = engine._call("prefill", len(batch), len(batch) * longest,
+                           lambda: prefill(model, ids, cache, attention_mask=mask))
+        for step in range(steps):
+            if step:
+                out = engine._call("decode", len(batch), len(batch),
+                                   lambda: decode_step(model, nxt, cache))
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
+            for r, token in zip(batch, nxt[:, 0].tolist()):
+                if not r.done:  # a done row keeps computing: its slot is not given back until the batch ends
+                    r.output.append(token)
+                    r.token_times.append(engine.now)
+                    if r.done:
+                        r.finished_s = engine.now
+            if all(r.done for r in batch):
+                break
+        for r in batch:
+            r.released_s = engine.now
+            r.spans.append((r.slot, r.admitted_s, engine.now))
+    return sorted(reqs, key=lambda r: r.id)

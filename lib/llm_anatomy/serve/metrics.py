@@ -1,0 +1,85 @@
+"""Serving traces and their figures: Poisson arrivals, throughput, TTFT and TPOT percentiles, goodput (C15).
+
+TTFT here is what a user waits for the first token: from the request's arrival, queueing included (notebook 07's
+TTFT is the prefill alone). TPOT is the mean gap between a request's later tokens. Percentiles are over requests:
+p50 is the typical user, p99 the unluckiest one in a hundred. Goodput counts only requests that met the latency
+targets: a server that is fast on average but keeps some users waiting scores low.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from ..device import timed
+from ..errors import CourseError
+from .batching import Request
+
+
+def poisson_trace(n: int, rate_per_s: float, prompt_lengths, output_lengths, *, seed: int = 0,
+                  vocab_size: int = 49152, tokens=None) -> list[Request]:
+    """`n` requests arriving as a Poisson process (exponential gaps, mean 1 / rate_per_s seconds; the first at 0).
+
+    Each request's prompt and output lengths are drawn from the lists given (repeat a value to weight it). Prompts
+    are windows of `tokens` (a long list of real token ids) when given, else random ids in 3 .. vocab_size - 1.
+    """
+    if n < 1 or rate_per_s <= 0:
+        raise CourseError(f"A trace needs n >= 1 requests and a rate > 0, not {n} and {rate_per_s}.")
+    rng = np.random.default_rng(seed)
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate_per_s, n - 1))])
+    p_len, o_len = rng.choice(list(prompt_lengths), n), rng.choice(list(output_lengths), n)
+    if tokens is not None and len(tokens) <= max(p_len):
+        raise CourseError(f"`tokens` holds {len(tokens)} ids: too few for prompts of {max(p_len)}.")
+    out = []
+    for i in range(n):
+        if tokens is not None:
+            start = int(rng.integers(0, len(tokens) - p_len[i]))
+            prompt = [int(t) for t in tokens[start:start + p_len[i]]]
+        else:
+            prompt = rng.integers(3, vocab_size, int(p_len[i])).tolist()
+        out.append(Request(prompt, int(o_len[i]), float(arrivals[i]), id=i))
+    return out
+
+
+def serving_metrics(requests, ttft_target_s: float | None = None, tpot_target_s: float | None = None) -> dict:
+    """Throughput (output tokens/s from the first arrival to the last token), TTFT and TPOT at p50 and p99 (s),
+    and goodput: requests per second that met both latency targets (a None target is always met)."""
+    served = [r for r in requests if r.token_times]
+    if not served:
+        raise CourseError("No request has produced a token yet: run the scheduler first.")
+    seconds = max(r.token_times[-1] for r in served) - min(r.arrival_s for r in served)
+    tokens = sum(len(r.output) for r in served)
+    ttft, tpot = [r.ttft_s for r in served], [r.tpot_s for r in served if len(r.output) > 1] or [0.0]
+    good = [r for r in served if (ttft_target_s is None or r.ttft_s <= ttft_target_s)
+            and (tpot_target_s is None or r.tpot_s <= tpot_target_s)]
+    return {"requests": len(served), "output_tokens": tokens, "seconds": seconds,
+            "throughput_tok_s": tokens / seconds if seconds > 0 else math.inf,
+            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "tpot_p50_s": float(np.percentile(tpot, 50)), "tpot_p99_s": float(np.percentile(tpot, 99)),
+            "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good)}
+
+
+def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 16):
+    """(seconds, greedy outputs) of transformers' own continuous-batching engine, `model.generate_batch`.
+
+    Every prompt is submitted at once; EOS is ignored so that each writes max_new_tokens, as our requests do. Its paged
+    cache is sized for these requests (page_size = block_size) and it skips the warm-up that captures CUDA graphs.
+    """
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    if not hasattr(hf_model, "generate_batch"):
+        raise CourseError("This transformers has no generate_batch (continuous batching): transformers >= 5 has it.")
+    size = max(4, block_size)  # transformers wants pages of at least 4 tokens
+    blocks = sum(-(-(len(p) + max_new_tokens) // size) for p in prompts) + 4
+    config = ContinuousBatchingConfig(page_size=size, num_blocks=blocks, max_batch_tokens=256, use_cuda_graph=False)
+    generation = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    inputs = [list(p) for p in prompts]
+    seconds, out = timed(lambda: hf_model.generate_batch(inputs=inputs, generation_config=generation,
+                                                         continuous_batching_config=config, warmup=False),
+                         hf_model.device)
+    results = list(out.values())
+    if len(results) != len(prompts) or any(r.error for r in results):
+        raise CourseError(f"transformers' generate_batch returned {len(results)} of {len(prompts)} results "
+                          f"({[r.error for r in results if r.error]}).")
+    return seconds, [list(r.generated_tokens) for r in results]

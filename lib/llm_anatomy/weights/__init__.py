@@ -1,0 +1,1 @@
+"""Getting a model: the offline default's file fetched and checked by SHA-256 and converted once (cache.py), loading it or a hub model (load.py), random weights in real shapes for timing (random.py)."""

@@ -1,0 +1,133 @@
+"""Fused projections (fused.py): the same logits and tokens as the plain model, fewer matmul calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_anatomy.generate.decode import StaticDecoder, generate_greedy
+from llm_anatomy.errors import CourseError
+from llm_anatomy.fast.fused import Projection, compile_step, count_ops, fuse, matmuls_per_layer
+from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.fast.tiled_attention import tiled_attention
+
+from tiny_models import tiny_llama
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
+
+
+def _ids(batch, seq, seed=0):
+    return torch.randint(3, 128, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("layout", ["out_in", "in_out"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_fused_model_equals_the_plain_one_and_transformers(layout, kv_heads):
+    hf = tiny_llama(num_key_value_heads=kv_heads, tie_word_embeddings=False)
+    plain = ScratchLlama.from_hf(hf)
+    fast = fuse(plain, layout)
+    ids = _ids(2, 17)
+    with torch.no_grad():
+        assert (fast(ids) - plain(ids)).abs().max() < 1e-5
+        assert (fast(ids) - hf(ids).logits).abs().max() < 1e-5
+    assert torch.equal(generate_greedy(fast, ids, 12).tokens, generate_greedy(plain, ids, 12).tokens)
+    mask = torch.ones(2, 17, dtype=torch.long)
+    mask[0, :5] = 0  # left padding goes through the fused model too
+    with torch.no_grad():
+        assert (fast(ids, attention_mask=mask)[1] - plain(ids, attention_mask=mask)[1]).abs().max() < 1e-5
+
+
+def test_fusing_concatenates_once_and_shares_the_rest():
+    plain = ScratchLlama.from_hf(tiny_llama())
+    fast = fuse(plain)
+    attn, mlp = fast.layers[1].self_attn, fast.layers[1].mlp
+    q, k, v = attn.qkv_proj.weight.split(attn.sizes)
+    assert torch.equal(q, plain.layers[1].self_attn.q_proj.weight) and torch.equal(v, plain.layers[1].self_attn.v_proj.weight)
+    gate, up = mlp.gate_up_proj.weight.chunk(2)
+    assert torch.equal(gate, plain.layers[1].mlp.gate_proj.weight) and torch.equal(up, plain.layers[1].mlp.up_proj.weight)
+    assert fast.embed_tokens is plain.embed_tokens and fast.lm_head is plain.lm_head
+    assert fast.norm.weight is plain.norm.weight and fast.layers[0].input_layernorm.weight is plain.layers[0].input_layernorm.weight
+    transposed = fuse(plain, "in_out")
+    assert transposed.lm_head.weight.shape == (64, 128)  # [in, out]: the LM head is stored the other way round
+    assert torch.equal(transposed.lm_head.weight.T, plain.lm_head.weight)
+    assert (matmuls_per_layer(plain), matmuls_per_layer(fast)) == (7, 4)
+
+
+def test_the_fused_step_dispatches_fewer_matmuls(tiny_model):
+    plain = ScratchLlama.from_hf(tiny_model)
+    fast = fuse(plain)
+    ids = _ids(1, 6)
+    mms = lambda ops: ops["mm"] + ops["addmm"] + ops["bmm"] + ops["linear"]  # noqa: E731
+    plain_ops = count_ops(lambda: generate_greedy(plain, ids, 3))
+    fast_ops = count_ops(lambda: generate_greedy(fast, ids, 3))
+    layers = plain.cfg.num_layers
+    assert mms(plain_ops) - mms(fast_ops) == 3 * layers * 3  # 3 model calls x 2 layers x 3 fewer matmuls
+
+
+def test_fused_model_runs_the_fixed_shape_step_and_tiled_attention(tiny_model):
+    plain = ScratchLlama.from_hf(tiny_model)
+    ids = _ids(2, 5)
+    decoder = StaticDecoder(fuse(plain, "in_out"), batch=2, max_len=16)
+    assert torch.equal(decoder.generate(ids, 8), generate_greedy(plain, ids, 8).tokens)
+    tiled = fuse(plain, attend=lambda *a, **kw: tiled_attention(*a, block_q=4, block_k=3, **kw))
+    with torch.no_grad():
+        assert (tiled(_ids(1, 23)) - plain(_ids(1, 23))).abs().max() < 1e-5
+    with pytest.raises(CourseError, match="weights"):
+        tiled.trace(_ids(1, 4), attention_layers=(0,))
+
+
+def test_bad_input_is_refused_clearly(tiny_model):
+    plain = ScratchLlama.from_hf(tiny_model)
+    with pytest.raises(CourseError, match="layout"):
+        fuse(plain, "rows")
+    with pytest.raises(CourseError, match="ScratchLlama"):
+        fuse(tiny_model)
+    with pytest.raises(CourseError, match="layout"):
+        Projection(torch.ones(2, 2), "columns")
+
+
+def test_compile_finds_the_host_sync_in_the_range_check():
+    """torch.compile stops at `int(input_ids.max())`, the token-id range check: a value read back to the host.
+    The fixed-shape step has no such read. (A backend that only traces keeps this test quick.)"""
+    import torch._dynamo as dynamo
+
+    plain = ScratchLlama.from_hf(tiny_llama())
+    ids = _ids(1, 1)
+    with torch.no_grad():
+        explained = dynamo.explain(lambda: plain(ids))()
+    assert explained.graph_break_count >= 1
+    decoder = StaticDecoder(plain, batch=1, max_len=8)
+    decoder.prefill(_ids(1, 3))
+    with torch.inference_mode():
+        assert dynamo.explain(decoder._step)().graph_break_count == 0
+    dynamo.reset()
+
+
+def test_compile_step_reports_time_and_graph_breaks():
+    import torch._dynamo as dynamo
+
+    def step():
+        return torch.ones(3) * 2
+
+    compiled, seconds, breaks = compile_step(step, backend="eager")  # tracing only: quick, no C++ compiler
+    assert seconds > 0 and breaks == 0 and torch.equal(compiled(), torch.ones(3) * 2)
+
+    def syncs():
+        return torch.ones(3) * int(torch.ones(1).sum())  # int(tensor): a value read back to the host
+
+    assert compile_step(syncs, backend="eager")[2] >= 1
+    dynamo.reset()
+
+
+def test_real_fused_greedy_equals_transformers(real):
+    from llm_anatomy.generate.chat import chat_prompt_ids
+    from llm_anatomy.cli.check import greedy_matches
+
+    fast = fuse(ScratchLlama.from_hf(real.model), "in_out")
+    prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Write a short story about a robot."}])
+    result = greedy_matches(real.model, real.tokenizer, fast, prompt, max_new_tokens=32)
+    assert result["identical"], (result["ours"], result["theirs"])
+    with torch.no_grad():
+        ids = prompt[:, :20]
+        assert (fast(ids) - real.model(ids).logits).abs().max() < 1e-4

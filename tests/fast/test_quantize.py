@@ -1,0 +1,209 @@
+"""Tests for quantize.py: our int8/int4 formats, fake quantization of the real model and its quality cost,
+the int8 kernel and the int8 KV cache. (The GGUF file by hand: tests/fast/test_gguf_blocks.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llm_anatomy.fast import quantize as q
+from llm_anatomy.errors import CourseError
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
+
+
+@pytest.fixture(scope="module")
+def cached():
+    """The cached fp32 safetensors that transformers made from the same GGUF (opened lazily)."""
+    from safetensors import safe_open
+
+    from llm_anatomy.weights.cache import default_model_dir
+
+    with safe_open(default_model_dir() / "model.safetensors", framework="pt") as handle:
+        yield handle
+
+
+# --------------------------------------------------------------------------- 1. our own formats
+
+
+def test_int8_round_trip_is_within_half_a_step(cached):
+    for w in (cached.get_tensor("model.layers.0.mlp.down_proj.weight"), torch.randn(64, 100) * 3):
+        codes, scale = q.quantize_int8_per_channel(w)
+        assert codes.dtype == torch.int8 and codes.shape == w.shape and scale.shape == (w.shape[0],)
+        assert (codes.abs().amax(dim=1) == 127).all()  # each row uses the full range
+        error = (q.dequantize_int8(codes, scale) - w).abs().amax(dim=1)  # [out]
+        assert (error <= scale * (0.5 + 1e-5)).all()
+        assert error.max() > 0.3 * scale.min()  # it does round: not a lossless copy
+    codes, scale = q.quantize_int8_per_channel(torch.zeros(2, 8))
+    assert torch.equal(q.dequantize_int8(codes, scale), torch.zeros(2, 8))
+
+
+def test_int4_round_trip_is_within_half_a_step():
+    w = torch.randn(16, 256)
+    packed, scale, minimum = q.quantize_int4_groupwise(w, group_size=64)
+    assert packed.dtype == torch.uint8 and packed.shape == (16, 128) and scale.shape == minimum.shape == (16, 4)
+    code0 = int(torch.round((w[0, 0] - minimum[0, 0]) / scale[0, 0]))
+    assert int(packed[0, 0] & 0x0F) == code0  # weight 0 in the low nibble of byte 0
+    back = q.dequantize_int4(packed, scale, minimum)
+    error = (back - w).abs().reshape(16, 4, 64).amax(dim=-1)  # [out, groups]
+    assert (error <= scale * (0.5 + 1e-5)).all() and error.max() > 0.3 * scale.min()
+    assert torch.equal(back.reshape(16, 4, 64).amin(-1), minimum)  # code 0 is each group's minimum exactly
+
+
+def test_int4_group_32_is_exact_on_weights_already_in_q4_1(cached):
+    """The cached weights came from Q4_1: 16 levels per block of 32. Our int4 with the same groups
+    finds the same levels, so its round trip changes nothing; coarser groups of 64 do change them."""
+    w = cached.get_tensor("model.layers.4.self_attn.o_proj.weight")
+    assert torch.equal(q.fake_quantize(w, "int4", 32), w)
+    assert not torch.equal(q.fake_quantize(w, "int4", 64), w)
+
+
+def test_format_errors_and_sizes():
+    with pytest.raises(CourseError, match="row length 576.*try 16 or 32 or 64"):
+        q.quantize_int4_groupwise(torch.randn(4, 576), group_size=128)
+    with pytest.raises(CourseError, match="even"):
+        q.quantize_int4_groupwise(torch.randn(4, 576), group_size=3)
+    with pytest.raises(CourseError, match="2-D"):
+        q.quantize_int8_per_channel(torch.randn(10))
+    assert q.bytes_per_weight("fp32") == 4 and q.bytes_per_weight("bf16") == 2
+    assert q.bytes_per_weight("int8", in_features=576) == 1 + 4 / 576
+    assert q.bytes_per_weight("int4", group_size=32) == 0.75 and q.bytes_per_weight("q4_1") == 0.625
+    assert q.bytes_per_weight("q8_0") == 1.0625
+    with pytest.raises(CourseError, match="in_features"):
+        q.bytes_per_weight("int8")
+    with pytest.raises(CourseError, match="int3"):
+        q.bytes_per_weight("int3")
+
+
+def test_quality_measures_on_known_values():
+    ref = torch.log(torch.tensor([[0.5, 0.5]]))
+    other = torch.log(torch.tensor([[0.9, 0.1]]))
+    assert q.logit_kl(ref, ref) == 0.0
+    assert q.logit_kl(ref, other) == pytest.approx(0.5 * math.log(25 / 9), rel=1e-5)
+    assert q.greedy_agreement([1, 2, 3, 4], torch.tensor([1, 2, 0, 4])) == 0.75
+    with pytest.raises(CourseError):
+        q.greedy_agreement([1, 2], [1, 2, 3])
+    uniform = lambda ids: torch.zeros(1, ids.shape[-1], 10)  # noqa: E731  a model that guesses among 10
+    assert q.perplexity(uniform, torch.tensor([1, 2, 3, 4])) == pytest.approx(10.0)
+    with pytest.raises(CourseError, match="two tokens"):
+        q.perplexity(uniform, torch.tensor([1]))
+
+
+# --------------------------------------------------------------------------- the real model
+
+
+@pytest.fixture(scope="module")
+def scratch(real):
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    return ScratchLlama.from_hf(real.model)
+
+
+@pytest.fixture(scope="module")
+def passage(real):
+    from pydoc_data.topics import topics
+
+    return real.tokenizer(topics["assignment"], return_tensors="pt").input_ids[:, :96]  # [1, 96]
+
+
+def test_weight_bytes_per_token(scratch):
+    blocks, head = 30 * (2 * 576 * 576 + 2 * 192 * 576 + 3 * 576 * 1536), 49152 * 576
+    assert q.weight_bytes_per_token(scratch, "fp32") == 4 * (blocks + head)
+    assert q.weight_bytes_per_token(scratch, "q4_1", head_fmt="q8_0") == blocks * 20 // 32 + head * 34 // 32
+    int8 = q.weight_bytes_per_token(scratch, "int8")
+    assert blocks + head < int8 < 1.01 * (blocks + head)  # a byte per weight, plus one fp32 scale per row
+
+
+def test_fake_quantization_restores_the_weights(real, scratch):
+    ours, theirs = scratch.layers[3].mlp.up_proj, real.model.model.layers[3].mlp.up_proj
+    before, copy = ours.weight, theirs.weight.detach().clone()
+    with q.quantize_model_weights(scratch, "int8") as changed:
+        assert changed == 30 * (2 * 576 * 576 + 2 * 192 * 576 + 3 * 576 * 1536)  # q, o; k, v; gate, up, down
+        assert ours.weight is not before and not torch.equal(ours.weight, before)
+        assert torch.equal(theirs.weight, copy)  # the transformers model is untouched
+    assert ours.weight is before
+    head, embedding = scratch.lm_head.weight, scratch.embed_tokens.weight
+    with q.quantize_model_weights(scratch, "int8", include_head=True) as changed:
+        assert changed == 30 * (2 * 576 * 576 + 2 * 192 * 576 + 3 * 576 * 1536) + 49152 * 576
+        assert scratch.lm_head.weight is not head and scratch.embed_tokens.weight is embedding  # lookups stay exact
+    assert scratch.lm_head.weight is head is scratch.embed_tokens.weight  # tied again
+    with pytest.raises(RuntimeError), q.quantize_model_weights(scratch, "bf16"):
+        raise RuntimeError("a failure inside the block")
+    assert ours.weight is before
+    with pytest.raises(CourseError, match="int3"), q.quantize_model_weights(scratch, "int3"):
+        pass
+    assert ours.weight is before
+
+
+def test_perplexity_of_natural_text(real, scratch, passage):
+    ppl = q.perplexity(scratch, passage)
+    assert math.isfinite(ppl) and 20 < ppl < 100  # measured 50.4 on these 96 tokens
+    assert q.perplexity(real.model, passage[:, :24]) == pytest.approx(q.perplexity(scratch, passage[:, :24]), rel=1e-4)
+
+
+def test_int8_weights_keep_the_models_predictions(real, scratch, passage):
+    prompt = real.tokenizer("The three primary colours are", return_tensors="pt").input_ids
+    with torch.no_grad():
+        reference = scratch(passage)  # [1, 96, vocab]
+    fp32_tokens = q.greedy_tokens(scratch, prompt, 16)
+    with q.quantize_model_weights(scratch, "int8"), torch.no_grad():
+        int8_tokens = q.greedy_tokens(scratch, prompt, 16)
+        int8_logits = scratch(passage)
+    with q.quantize_model_weights(scratch, "int4", group_size=64), torch.no_grad():
+        int4_logits = scratch(passage)
+    # Free-running: one flipped token changes all that follow (a chat prompt about the sky measured 0.69).
+    assert q.greedy_agreement(fp32_tokens, int8_tokens) >= 0.8  # measured 1.0
+    # Teacher-forced: the top token at each of the 96 positions of the passage, given the same text.
+    assert q.greedy_agreement(reference.argmax(-1), int8_logits.argmax(-1)) >= 0.9  # measured 0.969
+    assert q.greedy_agreement(reference.argmax(-1), int4_logits.argmax(-1)) < 0.85  # measured 0.688
+    int8_kl, int4_kl = q.logit_kl(reference, int8_logits), q.logit_kl(reference, int4_logits)
+    assert 0 < int8_kl < 0.02  # measured 0.0046 nats
+    assert int4_kl > 10 * int8_kl  # groups of 64 lose much more: measured 0.35 nats
+
+
+# --------------------------------------------------------------------------- 2. the int8 kernel
+
+
+def test_int8_kernel_matches_the_dequantized_matmul():
+    ok, why = q.int8_matmul_available()
+    if not ok:
+        pytest.skip(why)
+    x = torch.randn(4, 576)
+    codes, scale = q.quantize_int8_per_channel(torch.randn(1536, 576) * 0.02)
+    expected = x @ q.dequantize_int8(codes, scale).T  # [4, 1536]
+    got = q.int8_matmul(x, codes, scale)
+    assert got.dtype == torch.float32 and got.shape == (4, 1536)
+    assert (got - expected).abs().max() < 0.01 * expected.abs().max()  # x and the scales pass through bf16
+    assert (q.int8_matmul(x, codes, scale, activations="fp32") - expected).abs().max() < 1e-4 * expected.abs().max()
+    with pytest.raises(CourseError, match="activations"):
+        q.int8_matmul(x, codes, scale, activations="int8")
+    timing, why = q.time_int8_vs_fp32(1, 576, 1536, repeats=3, layers=2)
+    assert why == "" and min(timing.int8_seconds, timing.int8_fp32_activations_seconds, timing.fp32_seconds) > 0
+    assert timing.max_relative_difference < 0.01 and timing.weight_bytes_fp32 == 2 * 1536 * 576 * 4
+
+
+def test_int8_kernel_missing_is_reported(monkeypatch):
+    monkeypatch.delattr(torch, "_weight_int8pack_mm", raising=False)
+    assert q.int8_matmul_available()[0] is False
+    timing, why = q.time_int8_vs_fp32(1, 64, 64)
+    assert timing is None and "_weight_int8pack_mm" in why
+
+
+# --------------------------------------------------------------------------- 3. the KV cache
+
+
+def test_kv_cache_int8_round_trip(scratch, passage):
+    cache = scratch.new_cache(1, 12)
+    with torch.no_grad():
+        scratch(passage[:, :12], cache=cache)
+    k = cache.keys[5][:, :, :12]  # [1, 3 kv heads, 12 positions, 64]
+    codes, scale = q.quantize_kv_int8(k)
+    assert codes.dtype == torch.int8 and codes.shape == k.shape and scale.shape == (1, 3, 12, 1)
+    error = (q.dequantize_kv_int8(codes, scale) - k).abs()
+    assert (error <= scale * (0.5 + 1e-5)).all()
+    assert q.kv_int8_max_error(k) == error.max().item() > 0
+    assert q.kv_int8_max_error(k) < 0.005 * k.abs().max().item()  # under half a percent of the largest key
+    assert q.kv_int8_max_error(torch.zeros(1, 1, 2, 4)) == 0.0

@@ -1,0 +1,191 @@
+"""Speculative decoding (speculative.py): greedy tokens identical to plain decoding and to transformers'
+prompt-lookup generation; the accept-or-resample rule keeps the model's distribution, even with a bad draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.errors import CourseError
+from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.fast.speculative import (LayerSkipDraft, PromptLookupDraft, accept_or_resample, chi_squared_test,
+                                     expected_tokens_per_round, predicted_speedup, speculative_generate)
+
+from tiny_models import tiny_llama
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(tiny_llama(seed=3, tie_word_embeddings=False))
+
+
+class ScriptedDraft:
+    """A draft that proposes given tokens (right or wrong), to steer the loop through every case."""
+
+    def __init__(self, proposals):
+        self.proposals, self.valid = list(proposals), []
+
+    def draft(self, context, k, temperature=0.0, generator=None):
+        return (self.proposals.pop(0) if self.proposals else [])[:k], None
+
+    def rollback(self, valid):
+        self.valid.append(valid)
+
+
+# --------------------------------------------------------------------------- drafts
+
+
+def test_prompt_lookup_copies_what_followed_the_latest_match():
+    draft = PromptLookupDraft(max_ngram=2)
+    assert draft.draft([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3], 3) == ([5, 6, 2], None)  # "2 3" last seen before "5 6"
+    assert draft.draft([7, 8, 9], 2) == ([], None)  # nothing repeats: no draft
+    assert draft.draft([4, 5, 4], 4) == ([5, 4], None)  # a 1-gram match, cut at the end of the context
+    with pytest.raises(CourseError, match="min_ngram"):
+        PromptLookupDraft(max_ngram=1, min_ngram=2)
+
+
+def test_layer_skip_draft_with_every_layer_is_the_model(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    plain = generate_greedy(tiny, ids, 6).tokens[0].tolist()
+    assert LayerSkipDraft(tiny, range(tiny.cfg.num_layers)).draft(ids[0].tolist(), 6)[0] == plain
+    early = LayerSkipDraft(tiny, [0])
+    assert early.model.layers[0] is tiny.layers[0] and early.model.lm_head is tiny.lm_head  # shared, not copied
+    with pytest.raises(CourseError, match="keep"):
+        LayerSkipDraft(tiny, [0, 7])
+
+
+# --------------------------------------------------------------------------- greedy: identical tokens
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculation_gives_the_plain_tokens_whatever_the_draft(tiny, k):
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    plain = generate_greedy(tiny, ids, 30).tokens[0].tolist()
+    for draft in (PromptLookupDraft(), LayerSkipDraft(tiny, [0]), LayerSkipDraft(tiny, [0, 1])):
+        result = speculative_generate(tiny, ids, 30, draft, k)
+        assert result.tokens == plain
+        assert result.rounds <= 29 and result.accepted <= result.drafted
+    perfect = speculative_generate(tiny, ids, 30, LayerSkipDraft(tiny, [0, 1]), k)
+    assert perfect.acceptance_rate == 1.0 and perfect.rounds == -(-29 // (k + 1))  # k + 1 tokens per round
+
+
+def test_rejected_drafts_are_rolled_back(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    plain = generate_greedy(tiny, ids, 8).tokens[0].tolist()
+    wrong = [(t + 1) % 128 for t in plain]
+    draft = ScriptedDraft([[plain[1], plain[2], wrong[3]], [wrong[4]], [], plain[6:8]])
+    result = speculative_generate(tiny, ids, 8, draft, k=3)
+    assert result.tokens == plain
+    # the last round has room for one draft only: its own token makes the eighth
+    assert result.accepted_per_round == [2, 0, 0, 1] and result.rejections == 2 and result.drafted == 5
+    assert draft.valid == [4 + 1 + 2, 4 + 4 + 0, 4 + 5 + 0, 4 + 6 + 1]  # context seen + drafts kept
+    assert result.acceptance_rate == 3 / 5 and result.tokens_per_round == 7 / 4
+    assert result.rounds_without_draft == 1  # the third round's draft proposed nothing
+    assert 0 < result.prefill_s <= result.seconds
+
+
+def test_eos_stops_and_bad_input_is_refused(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    plain = generate_greedy(tiny, ids, 10).tokens[0].tolist()
+    result = speculative_generate(tiny, ids, 10, PromptLookupDraft(), 4, eos_token_id=plain[3])
+    assert result.tokens == plain[:plain.index(plain[3]) + 1]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(CourseError, match="draft length"):
+            speculative_generate(tiny, ids, 4, PromptLookupDraft(), bad)
+    with pytest.raises(CourseError, match="one sequence"):
+        speculative_generate(tiny, ids.expand(2, -1), 4, PromptLookupDraft(), 2)
+    with pytest.raises(CourseError, match="new_tokens"):
+        speculative_generate(tiny, ids, 0, PromptLookupDraft(), 2)
+
+
+def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real):
+    """transformers' own prompt-lookup generation, ours and plain greedy decoding: the same tokens."""
+    from pydoc_data.topics import topics
+
+    from llm_anatomy.generate.chat import chat_prompt_ids
+
+    model = ScratchLlama.from_hf(real.model)
+    text = topics["assignment"][:500]
+    prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Repeat this text exactly:\n\n" + text}])
+    n = 24
+    plain = generate_greedy(model, prompt, n).tokens[0].tolist()
+    ours = speculative_generate(model, prompt, n, PromptLookupDraft(max_ngram=2), 6)
+    with torch.inference_mode():
+        theirs = real.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
+                                     do_sample=False, prompt_lookup_num_tokens=6, pad_token_id=0)[0, prompt.shape[1]:]
+    assert ours.tokens == plain == theirs.tolist()
+    assert ours.acceptance_rate > 0.5 and ours.tokens_per_round > 2  # the answer copies the prompt
+
+
+# --------------------------------------------------------------------------- sampling: the same distribution
+
+
+def _distributions():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(40, generator=g) * 2, dim=-1)  # the model's
+    near = torch.softmax(torch.log(p) + 0.3 * torch.randn(40, generator=g), dim=-1)  # a good draft
+    bad = torch.softmax(-torch.log(p), dim=-1)  # a deliberately bad one: likes what the model dislikes
+    return p, near, bad
+
+
+@pytest.mark.parametrize("which", ["near", "bad", "one-hot"])
+def test_accept_or_resample_keeps_the_target_distribution(which):
+    p, near, bad = _distributions()
+    g = torch.Generator().manual_seed(1)
+    q = {"near": near, "bad": bad, "one-hot": torch.nn.functional.one_hot(torch.tensor(7), 40).float()}[which]
+    drafts = torch.multinomial(q, 40_000, replacement=True, generator=g)
+    accepted, tokens = accept_or_resample(p, q, drafts, g)
+    assert chi_squared_test(tokens, p).p_value > 1e-3
+    expected_acceptance = torch.minimum(p, q).sum().item()  # P(accept) = sum_x min(p(x), q(x))
+    assert abs(accepted.double().mean().item() - expected_acceptance) < 0.01
+    if which == "bad":
+        assert expected_acceptance < 0.3  # a bad draft is mostly rejected: slow, but still exact
+
+
+def test_the_test_catches_a_wrong_rule():
+    """Resampling from p itself (instead of max(p - q, 0)) skews the result towards q: the test sees it."""
+    p, _, bad = _distributions()
+    g = torch.Generator().manual_seed(2)
+    drafts = torch.multinomial(bad, 40_000, replacement=True, generator=g)
+    accepted = torch.rand(40_000, generator=g) * bad[drafts] < p[drafts]
+    wrong = torch.where(accepted, drafts, torch.multinomial(p, 40_000, replacement=True, generator=g))
+    assert chi_squared_test(wrong, p).p_value < 1e-6
+
+
+def test_chi_squared_on_known_counts():
+    samples = torch.tensor([0] * 50 + [1] * 30 + [2] * 20)
+    result = chi_squared_test(samples, torch.tensor([0.5, 0.3, 0.2]))
+    assert result.statistic == pytest.approx(0, abs=1e-9) and result.dof == 2 and result.p_value == pytest.approx(1.0)
+    skewed = chi_squared_test(torch.tensor([0] * 80 + [1] * 10 + [2] * 10), torch.tensor([0.5, 0.3, 0.2]))
+    assert skewed.statistic == pytest.approx(18 + 40 / 3 + 5) and skewed.p_value < 1e-6  # e^(-x/2) for 2 dof
+    assert skewed.p_value == pytest.approx(torch.exp(torch.tensor(-skewed.statistic / 2)).item(), rel=1e-6)
+
+
+def test_sampling_speculation_matches_the_models_distribution_end_to_end(tiny):
+    """The second generated token's distribution, over 1,500 speculative runs with a one-layer draft, equals the
+    model's own: sum over the first token x of p(x) * p(y | x), computed exactly."""
+    ids = torch.tensor([[5, 9, 17, 4]])
+    t = 1.5
+    with torch.no_grad():
+        first = torch.softmax(tiny(ids)[0, -1] / t, dim=-1)  # [vocab]
+        both = torch.cat([ids.expand(128, -1), torch.arange(128)[:, None]], dim=1)  # every first token
+        second = torch.softmax(tiny(both)[:, -1] / t, dim=-1)  # [vocab, vocab]: p(y | x)
+    marginal = first @ second  # [vocab]
+    g = torch.Generator().manual_seed(0)
+    draft = LayerSkipDraft(tiny, [1])
+    samples = torch.tensor([speculative_generate(tiny, ids, 2, draft, 1, temperature=t, generator=g).tokens[1]
+                            for _ in range(1500)])
+    assert chi_squared_test(samples, marginal).p_value > 1e-3
+
+
+def test_expected_tokens_and_predicted_speedup():
+    assert expected_tokens_per_round(0.0, 4) == 1 and expected_tokens_per_round(1.0, 4) == 5
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1.75)
+    assert predicted_speedup(0.5, 2, verify_cost=1.25) == pytest.approx(1.4)
+    assert predicted_speedup(0.8, 4, verify_cost=1.2, draft_cost=0.2) == pytest.approx(3.3616 / 2.0)
+    with pytest.raises(CourseError, match="between 0 and 1"):
+        expected_tokens_per_round(1.5, 3)

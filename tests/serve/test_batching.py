@@ -1,0 +1,68 @@
+"""Static batching and the Request record (C13, C15): a left-padded rectangle, the same tokens as one at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_llama
+
+from llm_anatomy.serve.batching import Request, run_static
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.errors import CourseError
+from llm_anatomy.model.scratch import ScratchLlama
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(tiny_llama())
+
+
+def test_a_request_records_its_times_and_knows_when_it_is_done():
+    r = Request(torch.tensor([[5, 6, 7]]), 3, arrival_s=1.0, eos_token_id=9)
+    assert r.prompt == [5, 6, 7] and not r.done
+    r.output, r.token_times = [4, 9], [1.5, 1.7]
+    assert r.done  # the end-of-sequence token stops it before max_new_tokens
+    assert r.ttft_s == pytest.approx(0.5) and r.tpot_s == pytest.approx(0.2)
+    again = r.fresh()
+    assert again.output == [] and again.token_times == [] and again.prompt == r.prompt and again.arrival_s == 1.0
+    assert again.tokens == [5, 6, 7] and r.tokens == [5, 6, 7, 4, 9]
+    one = Request([5], 1)
+    one.output, one.token_times = [3], [0.25]
+    assert one.tpot_s == 0.0 and one.ttft_s == 0.25
+    import numpy as np
+
+    assert Request(np.array([3, 4]).tolist() + [np.int64(5)], 1).prompt == [3, 4, 5]
+    with pytest.raises(CourseError):
+        Request([5, 6], 2, arrival_s=float("nan"))
+    with pytest.raises(CourseError):
+        Request([5, True], 2)
+
+
+def test_static_batches_run_to_their_longest_and_stop_on_eos(tiny):
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    alone = [generate_greedy(tiny, torch.tensor([p]), 6).tokens[0].tolist() for p in prompts]
+    eos = alone[1][1]  # the second request's second token ends it early
+    reqs = [Request(p, 6, eos_token_id=eos) for p in prompts]
+    out = run_static(tiny, reqs, max_batch=3, cost=lambda tokens, rows: 1.0)
+    for r, a in zip(out, alone):
+        cut = a[:a.index(eos) + 1] if eos in a else a
+        assert r.output == cut
+    assert out[1].finished_s == alone[1].index(eos) + 1.0  # one second per call: the prefill gives token 1
+    assert out[1].released_s == max(r.finished_s for r in out)
+    assert all(r.spans == [(i, 0.0, r.released_s)] for i, r in enumerate(out))
+    assert reqs[0].output == []  # the requests given are not changed: fresh copies are served
+
+
+def test_static_batching_waits_for_arrivals_and_takes_max_batch_at_a_time(tiny):
+    reqs = [Request([5 + i, 6], 2, arrival_s=t) for i, t in enumerate([0.0, 0.0, 0.0, 10.0])]
+    out = run_static(tiny, reqs, max_batch=2, cost=lambda tokens, rows: 1.0)
+    assert [r.admitted_s for r in out] == [0.0, 0.0, 2.0, 10.0]  # two, then the third, then idle until 10 s
+    assert [r.slot for r in out] == [0, 1, 0, 0]
+
+
+def test_static_batching_refuses_a_bad_request_before_serving_any(tiny):
+    good = Request([5, 6], 2)
+    for bad, words in (("nope", "Submit a Request"), (Request([5] * 250, 10), "context"), (Request([999], 1), "vocab")):
+        with pytest.raises(CourseError, match=words):
+            run_static(tiny, [good, bad])
+    assert good.output == [] and good.token_times == []

@@ -1,0 +1,295 @@
+"""The paged KV cache (claim C14): its allocator, exactness against the contiguous cache, sharing, and the plots' numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import tiny_llama
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.serve.paged_kv import (FREE, SHARED, BlockAllocator, PagedKVPool, block_table_grid,
+                                  simulate_utilisation)
+from llm_anatomy.model.scratch import ScratchLlama
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(tiny_llama())
+
+
+@pytest.fixture(scope="module")
+def real_scratch(real):
+    return ScratchLlama.from_hf(real.model)
+
+
+def _state(alloc: BlockAllocator):
+    return list(alloc._free), list(alloc._refs)
+
+
+def _decode(model, ids, cache, new_tokens, forced=None):
+    """Prefill `ids` [batch, seq], then one token a step; returns (tokens [batch, new], logits of every step).
+
+    forced: optional [batch, n] ids fed before decoding greedily (to give forked sequences different paths).
+    """
+    logits = [model(ids, cache)]  # prefill: every prompt position, [batch, seq, vocab]
+    for i in range(0 if forced is None else forced.shape[1]):
+        logits.append(model(forced[:, i:i + 1], cache))
+    tokens = []
+    for _ in range(new_tokens):
+        nxt = logits[-1][:, -1:].argmax(-1)  # [batch, 1]
+        tokens.append(nxt)
+        logits.append(model(nxt, cache))
+    return torch.cat(tokens, 1), logits
+
+
+# --------------------------------------------------------------------------- the allocator
+
+
+def test_allocator_hands_out_every_block_once_then_refuses_without_changing_anything():
+    alloc = BlockAllocator(3)
+    got = [alloc.allocate() for _ in range(3)]
+    assert sorted(got) == [0, 1, 2] and alloc.num_free == 0
+    before = _state(alloc)
+    with pytest.raises(CourseError, match="the KV pool is out of blocks"):
+        alloc.allocate()
+    assert _state(alloc) == before
+    alloc.free(got[1])
+    assert alloc.num_free == 1 and alloc.refcount(got[1]) == 0
+    assert alloc.allocate() == got[1]  # the freed block is the one handed out next
+
+
+def test_reference_counts_free_a_block_only_when_nobody_holds_it():
+    alloc = BlockAllocator(2)
+    b = alloc.allocate()
+    alloc.incref(b)
+    alloc.incref(b)
+    assert alloc.refcount(b) == 3
+    alloc.decref(b)
+    alloc.free(b)
+    assert alloc.refcount(b) == 1 and alloc.num_free == 1  # still held once: not free
+    alloc.decref(b)
+    assert alloc.refcount(b) == 0 and alloc.num_free == 2
+
+
+@pytest.mark.parametrize("call, block", [("free", 0), ("decref", 1), ("incref", 0), ("free", 5), ("free", -1),
+                                         ("incref", True)])
+def test_releasing_or_sharing_a_free_or_unknown_block_is_refused_and_changes_nothing(call, block):
+    alloc = BlockAllocator(2)
+    alloc.allocate()
+    alloc.free(0)  # block 0 is free again; block 1 was never handed out
+    before = _state(alloc)
+    with pytest.raises(CourseError):
+        getattr(alloc, call)(block)
+    assert _state(alloc) == before
+
+
+# --------------------------------------------------------------------------- exactness against the contiguous cache
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_tiny_model_paged_equals_contiguous_bit_for_bit(tiny, block_size):
+    ids = torch.randint(3, 128, (2, 21), generator=torch.Generator().manual_seed(block_size))  # 21: mid-block for 4, 16
+    new = 20
+    pool = PagedKVPool.for_model(tiny, num_blocks=2 * math.ceil((21 + new) / block_size) + 3, block_size=block_size)
+    paged = pool.new_cache(2)
+    tok_p, log_p = _decode(tiny, ids, paged, new)
+    tok_c, log_c = _decode(tiny, ids, tiny.new_cache(2, 21 + new), new)
+    assert torch.equal(tok_p, tok_c)
+    diffs = [float((a - b).abs().max()) for a, b in zip(log_p, log_c)]
+    assert max(diffs) == 0.0, f"max |paged - contiguous| per step: {diffs}"
+    assert paged.length == 21 + new  # the prompt, then one position per step
+    blocks = math.ceil(paged.length / block_size)
+    assert [len(t) for t in paged.block_tables] == [blocks, blocks]  # one block per block_size positions, no more
+    assert pool.allocator.num_free == pool.num_blocks - 2 * blocks
+    assert len({b for t in paged.block_tables for b in t}) == 2 * blocks  # no block holds two sequences
+    # the bytes: real positions as the contiguous cache counts them, reserved only up to the last block
+    assert paged.used_bytes() == tiny.new_cache(2, paged.length).allocated_bytes()
+    assert paged.allocated_bytes() == 2 * blocks * pool.bytes_per_block()
+    per_slot = pool.bytes_per_block() // block_size  # the only waste: the empty slots of each last block
+    assert paged.allocated_bytes() - paged.used_bytes() == 2 * (blocks * block_size - paged.length) * per_slot
+    paged.free()
+    assert pool.allocator.num_free == pool.num_blocks and paged.block_tables == [[], []]
+
+
+def test_real_model_paged_equals_contiguous(real, real_scratch):
+    # 19 prompt tokens: block boundaries fall mid-prompt for block sizes 4 and 16
+    ids = real.tokenizer("The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is",
+                         return_tensors="pt").input_ids
+    prompt, new = ids.shape[1], 14  # 19 + 14 = 33 positions: with block_size 16 the decode also opens a third block
+    assert prompt % 16 and prompt % 4 and prompt > 16 and prompt + new > 32
+    tok_c, log_c = _decode(real_scratch, ids, real_scratch.new_cache(1, prompt + new), new)
+    for block_size in (1, 4, 16):
+        pool = PagedKVPool.for_model(real_scratch, num_blocks=math.ceil((prompt + new) / block_size),
+                                     block_size=block_size)  # exactly enough blocks
+        tok_p, log_p = _decode(real_scratch, ids, pool.new_cache(1), new)
+        diffs = [float((a - b).abs().max()) for a, b in zip(log_p, log_c)]
+        print(f"block_size {block_size}: max |paged - contiguous| logit difference {max(diffs)}")
+        assert torch.equal(tok_p, tok_c), f"block_size {block_size}: {tok_p.tolist()} != {tok_c.tolist()}"
+        assert max(diffs) == 0.0, f"block_size {block_size}: max |paged - contiguous| per step: {diffs}"
+        assert pool.allocator.num_free == 0
+    assert real.tokenizer.decode(tok_c[0]).strip() != ""  # the model did say something
+
+
+def test_running_out_of_blocks_mid_decode_is_refused_and_changes_nothing(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=2, block_size=4)
+    cache = pool.new_cache(1)
+    tiny(torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), cache)  # 8 positions fill both blocks exactly
+    assert pool.allocator.num_free == 0
+    tables, k0 = [list(t) for t in cache.block_tables], [t.clone() for t in pool.keys]
+    with pytest.raises(CourseError, match="the KV pool is out of blocks"):
+        tiny(torch.tensor([[13]]), cache)
+    assert cache.length == 8 and cache.block_tables == tables
+    assert all(torch.equal(a, b) for a, b in zip(k0, pool.keys))  # nothing was written
+    other = pool.new_cache(1)  # a second request in the same pool is refused too
+    with pytest.raises(CourseError, match="out of blocks"):
+        tiny(torch.tensor([[13]]), other)
+    assert other.block_tables == [[]] and other.length == 0
+    cache.free()
+    tiny(torch.tensor([[13]]), other)  # freeing the first request makes room
+    assert other.length == 1 and len(other.block_tables[0]) == 1
+
+
+def test_padding_is_refused_before_anything_is_written(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=4, block_size=4)
+    cache = pool.new_cache(2)
+    with pytest.raises(CourseError, match="padding"):
+        tiny(torch.tensor([[2, 5, 6], [7, 8, 9]]), cache, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert cache.length == 0 and cache.block_tables == [[], []] and pool.allocator.num_free == 4
+    tiny(torch.tensor([[4, 5, 6], [7, 8, 9]]), cache, attention_mask=torch.ones(2, 3, dtype=torch.long))  # no padding
+    assert cache.length == 3
+
+
+# --------------------------------------------------------------------------- sharing a prefix: fork and copy-on-write
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_forked_sequences_match_each_run_alone_and_share_their_prefix_blocks(tiny, block_size):
+    prompt = torch.randint(3, 128, (1, 18), generator=torch.Generator().manual_seed(1))  # 18: mid-block
+    suffixes = torch.tensor([[40, 41, 42], [90, 91, 92]])  # two different continuations of the same prompt
+    new = 10
+    pool = PagedKVPool.for_model(tiny, num_blocks=20, block_size=block_size)
+    cache = pool.new_cache(1)
+    tiny(prompt, cache)  # the prompt is prefilled once
+    prompt_blocks = list(cache.block_tables[0])
+    assert cache.fork(0) == 1
+    assert cache.block_tables == [prompt_blocks, prompt_blocks]
+    assert all(pool.allocator.refcount(b) == 2 for b in prompt_blocks)
+    assert cache.allocated_bytes() == len(prompt_blocks) * pool.bytes_per_block()  # shared blocks count once
+    assert cache.used_bytes() == tiny.new_cache(1, 18).allocated_bytes()
+
+    logits = [tiny(suffixes[:, i:i + 1], cache) for i in range(3)]
+    tokens = []
+    for _ in range(new):
+        tokens.append(logits[-1][:, -1:].argmax(-1))
+        logits.append(tiny(tokens[-1], cache))
+    tokens = torch.cat(tokens, 1)
+
+    for seq in range(2):
+        alone_ids = torch.cat([prompt, suffixes[seq:seq + 1, :1]], 1)
+        alone, _ = _decode(tiny, alone_ids, tiny.new_cache(1, 40), new, forced=suffixes[seq:seq + 1, 1:])
+        assert torch.equal(tokens[seq], alone[0]), f"sequence {seq}: {tokens[seq].tolist()} != {alone[0].tolist()}"
+    assert not torch.equal(tokens[0], tokens[1])  # the continuations really differ
+
+    full = 18 // block_size  # full prompt blocks stay shared; the partly filled one was copied once
+    t0, t1 = cache.block_tables
+    assert t0[:full] == t1[:full] == prompt_blocks[:full]
+    assert t0[full] != t1[full] and prompt_blocks[full] in (t0[full], t1[full])
+    assert all(pool.allocator.refcount(b) == 2 for b in prompt_blocks[:full])
+    distinct = len(set(t0) | set(t1))
+    assert distinct == len(t0) + len(t1) - full
+    assert cache.allocated_bytes() == pool.allocated_bytes() == distinct * pool.bytes_per_block()
+    cache.free()
+    assert pool.allocator.num_free == pool.num_blocks
+
+
+def test_a_step_needing_more_blocks_than_are_free_takes_none_of_them(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=3, block_size=4)
+    cache = pool.new_cache(2)
+    tiny(torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), cache)  # one full block each, one block left
+    before = [list(t) for t in cache.block_tables], _state(pool.allocator)
+    with pytest.raises(CourseError, match="needs 2 more and 1 of 3 are free"):  # both sequences need a new block
+        tiny(torch.tensor([[13], [14]]), cache)
+    assert ([list(t) for t in cache.block_tables], _state(pool.allocator)) == before and cache.length == 4
+
+
+def test_copy_on_write_needs_a_free_block_and_is_refused_cleanly_without_one(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=2, block_size=4)
+    cache = pool.new_cache(1)
+    tiny(torch.tensor([[5, 6, 7, 8, 9]]), cache)  # blocks: one full, one with 1 of 4 slots filled
+    cache.fork(0)
+    assert pool.allocator.num_free == 0
+    before = [list(t) for t in cache.block_tables], _state(pool.allocator)
+    with pytest.raises(CourseError, match="out of blocks"):  # one of the two must copy the shared last block
+        tiny(torch.tensor([[10], [11]]), cache)
+    assert ([list(t) for t in cache.block_tables], _state(pool.allocator)) == before and cache.length == 5
+
+
+# --------------------------------------------------------------------------- the plots' numbers
+
+
+def test_simulated_utilisation_on_hand_computed_cases():
+    # lengths 1, 4, 5, 10 with blocks of 4: 1 + 1 + 2 + 3 = 7 blocks = 28 slots for 20 tokens
+    out = simulate_utilisation([1, 4, 5, 10], max_len=16, block_size=4)
+    assert out["tokens"] == 20 and out["paged_blocks"] == 7 and out["paged_slots"] == 28
+    assert out["reserve_max_slots"] == 64
+    assert out["reserve_max_utilisation"] == pytest.approx(20 / 64)
+    assert out["paged_utilisation"] == pytest.approx(20 / 28)
+    one = simulate_utilisation([7, 16], max_len=16, block_size=1)  # block size 1: no waste at all
+    assert one["paged_utilisation"] == 1.0 and one["reserve_max_utilisation"] == pytest.approx(23 / 32)
+    full = simulate_utilisation([16, 16], max_len=16, block_size=16)
+    assert full["paged_utilisation"] == full["reserve_max_utilisation"] == 1.0
+    with pytest.raises(CourseError):
+        simulate_utilisation([17], max_len=16, block_size=4)
+    with pytest.raises(CourseError):
+        simulate_utilisation([], max_len=16, block_size=4)
+
+
+def test_paged_uses_most_of_its_memory_on_a_realistic_spread_of_lengths():
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(20, 200, size=500)
+    outputs = np.round(rng.lognormal(mean=5.0, sigma=1.0, size=500))  # median ~150 tokens, long tail
+    lengths = np.minimum(prompts + outputs, 2048).astype(int).tolist()
+    out = simulate_utilisation(lengths, max_len=2048, block_size=16)
+    summary = (f"paged {out['paged_utilisation']:.3f}, reserve-max {out['reserve_max_utilisation']:.3f}, "
+               f"mean length {np.mean(lengths):.0f}, {out['tokens']} tokens")
+    print(summary)
+    assert out["paged_utilisation"] >= 0.9, summary
+    assert out["reserve_max_utilisation"] <= 0.3, summary
+    # the waste of paging is at most block_size - 1 slots per request
+    assert out["paged_slots"] - out["tokens"] <= len(lengths) * 15, summary
+
+
+def test_block_table_grid_marks_owner_free_and_shared():
+    history = [
+        (0, [[0, 1], []]),
+        (1, [[0, 1], [0, 1]]),  # sequence 1 forked from 0: both blocks shared
+        (2, [[0, 1, 3], [0, 2]]),  # copy-on-write: 1 gave its copy of block 1 up for block 2
+        (3, {5: [4]}),  # a dict snapshot: owner ids need not be indices
+    ]
+    grid = block_table_grid(history)
+    expected = np.array([[0, 0, FREE, FREE, FREE],
+                         [SHARED, SHARED, FREE, FREE, FREE],
+                         [SHARED, 0, 1, 0, FREE],
+                         [FREE, FREE, FREE, FREE, 5]])
+    assert grid.shape == (4, 5) and grid.dtype.kind == "i"
+    np.testing.assert_array_equal(grid, expected)
+    assert block_table_grid(history[:1], num_blocks=8).shape == (1, 8)
+    with pytest.raises(CourseError):
+        block_table_grid(history, num_blocks=3)
+
+
+def test_block_table_grid_from_a_real_recording(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=6, block_size=2)
+    cache = pool.new_cache(1)
+    history = []
+    ids = torch.tensor([[5, 6, 7]])
+    for step in range(3):
+        ids = tiny(ids, cache)[:, -1:].argmax(-1)
+        history.append((step, [list(t) for t in cache.block_tables]))
+    grid = block_table_grid(history, num_blocks=pool.num_blocks)
+    # lengths 3, 4, 5 -> 2, 2, 3 blocks held by sequence 0; the rest free
+    assert (grid == 0).sum(axis=1).tolist() == [2, 2, 3]
+    assert (grid == FREE).sum(axis=1).tolist() == [4, 4, 3]

@@ -1,0 +1,114 @@
+"""Prefix caching (claim C16): chained block keys, reference counts and eviction, and identical outputs with it on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_llama
+
+from llm_anatomy.serve.batching import Request
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.errors import CourseError
+from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool
+from llm_anatomy.serve.prefix_cache import PrefixCache, block_keys
+from llm_anatomy.serve.scheduler import ContinuousScheduler
+from llm_anatomy.model.scratch import ScratchLlama
+
+COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(tiny_llama())
+
+
+def test_keys_name_the_whole_prefix_up_to_their_block():
+    a = list(range(10))
+    keys = block_keys(a, 4)
+    assert len(keys) == 2 and len(set(keys)) == 2  # two full blocks; the last 2 tokens make no key
+    assert block_keys(a[:8] + [99, 98, 97], 4) == keys  # the partial block does not matter
+    assert block_keys(a[:4] + [50, 51, 52, 53], 4)[0] == keys[0]  # same first block, same first key
+    assert block_keys(a[:4] + [50, 51, 52, 53], 4)[1] != keys[1]
+    moved = [7, 7, 7, 7] + a[4:]  # block 1 has the same tokens, after a different start
+    assert block_keys(moved, 4)[1] != keys[1]
+    assert block_keys(a, 4) == keys and block_keys([], 4) == [] and block_keys(a[:3], 4) == []
+    assert block_keys(a, 1)[3] == block_keys(a[:4], 1)[3]
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(CourseError):
+            block_keys(a, bad)
+
+
+def test_insert_match_acquire_and_evict_through_reference_counts():
+    alloc = BlockAllocator(6)
+    cache = PrefixCache(alloc, 4)
+    prompt = list(range(11))  # two full blocks and 3 tokens
+    table = [alloc.allocate() for _ in range(3)]
+    assert cache.insert(prompt, table) == 2 and len(cache) == 2  # only the full blocks
+    assert [alloc.refcount(b) for b in table] == [2, 2, 1]  # the request and the cache hold the full ones
+    assert cache.insert(prompt, [alloc.allocate() for _ in range(3)]) == 0  # the same prefix again: kept once
+    assert cache.match(prompt) == table[:2]
+    assert cache.match(prompt[:8]) == table[:1]  # at most len - 1 positions: the last token must still run
+    assert cache.match(prompt[:9]) == table[:2]
+    assert cache.match([1] + prompt[1:]) == []
+    assert cache.evictable() == 0  # the first request still holds both
+    for b in table:
+        alloc.decref(b)  # the first request finishes
+    assert cache.evictable() == 2 and cache.evictable(keep=table[:1]) == 1
+    got = cache.acquire(prompt[:9] + [77, 78])  # a new request with the same 8-token prefix
+    assert got == table[:2] and [alloc.refcount(b) for b in got] == [2, 2]
+    assert cache.hit_tokens == 8 and cache.query_tokens == 11 and cache.hit_rate == pytest.approx(8 / 11)
+    assert cache.evict(5) == 0  # blocks in use are never evicted
+    for b in got:
+        alloc.decref(b)
+    free_before = alloc.num_free
+    assert cache.evict(1) == 1 and alloc.num_free == free_before + 1 and len(cache) == 1
+    cache.clear()
+    assert len(cache) == 0 and cache.blocks() == set()
+    with pytest.raises(CourseError, match="block table"):
+        cache.insert(prompt, table[:1])
+
+
+def test_identical_outputs_with_and_without_prefix_caching_and_less_prefill(tiny):
+    g = torch.Generator().manual_seed(0)
+    system = torch.randint(3, 128, (22,), generator=g).tolist()  # 5 full blocks of 4, then 2 tokens
+    reqs = [Request(system + torch.randint(3, 128, (k,), generator=g).tolist(), 4, arrival_s=0.3 * i)
+            for i, k in enumerate([3, 1, 6, 4, 2])]
+    alone = [generate_greedy(tiny, torch.tensor([r.prompt]), 4).tokens[0].tolist() for r in reqs]
+    runs = {}
+    for on in (False, True):
+        sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 40, 4), max_batch=2, prefix_cache=on, cost=COST)
+        out = sched.run(reqs)
+        assert [r.output for r in out] == alone
+        runs[on] = (out, sum(tokens for _, _, kind, _, tokens in sched.calls if kind == "prefill"), sched)
+    out, prefilled_with, sched = runs[True]
+    assert [r.cached for r in out] == [0, 20, 20, 20, 20]  # every later request finds the 5 system blocks
+    assert prefilled_with == runs[False][1] - 4 * 20
+    assert sched.prefix_cache.hit_rate == pytest.approx(80 / sum(len(r.prompt) for r in reqs))
+    assert all(o.ttft_s < runs[False][0][i].ttft_s for i, o in enumerate(out) if i)  # less to prefill, sooner
+
+
+def test_shared_blocks_show_in_two_tables_and_cached_blocks_survive_their_request(tiny):
+    system = list(range(3, 3 + 16))  # exactly 4 blocks of 4
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 24, 4), max_batch=3, prefix_cache=True, cost=COST)
+    first = sched.submit(Request(system + [40, 41], 6))
+    sched.step()  # the first prompt is prefilled; its full blocks go into the cache
+    second = sched.submit(Request(system + [50], 3, arrival_s=sched.now))
+    sched.step()
+    assert second.cached == 16 and second.blocks[:4] == first.blocks[:4]
+    assert all(sched.pool.allocator.refcount(b) == 3 for b in first.blocks[:4])  # two requests and the cache
+    while sched.step():
+        pass
+    kept = sched.prefix_cache.blocks()
+    assert first.blocks == [] and second.blocks == []  # finished requests hold nothing
+    assert all(sched.pool.allocator.refcount(b) == 1 for b in kept)  # only the cache holds them
+    assert sched.pool.allocator.num_free == 24 - len(kept)
+
+
+def test_a_full_pool_evicts_cached_blocks_before_preempting(tiny):
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 8, 4), max_batch=2, prefix_cache=True, cost=COST)
+    sched.run([Request(list(range(3, 3 + 20)), 2)])  # leaves 5 cached blocks behind
+    assert len(sched.prefix_cache) == 5
+    old_keys = set(sched.prefix_cache._blocks)
+    out = sched.run([Request(list(range(60, 60 + 20)), 8)])  # needs 7 of 8 blocks: the cache must give 4 up
+    assert out[0].preempted == 0 and len(out[0].output) == 8
+    assert len(old_keys & set(sched.prefix_cache._blocks)) <= 1
