@@ -322,3 +322,48 @@ def test_the_generator_state_check_sees_a_draw():
     assert torch.equal(gen.get_state(), before)  # greedy draws nothing
     sample_next(torch.zeros(3), generator=gen)
     assert not torch.equal(gen.get_state(), before)  # a draw moves it, so the checks above can fail
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [
+    (1.0, None, 1.0, 0.05), (0.7, None, 1.0, 0.1), (1.3, 40, 0.95, 0.05), (1.0, None, 0.9, 0.3), (1.0, None, 1.0, 1.0),
+])
+def test_min_p_matches_transformers_warper_after_the_others(temperature, top_k, top_p, min_p):
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    torch.manual_seed(1)
+    logits = torch.randn(4, 500) * 3  # [batch, vocab]
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_k is not None:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    warpers.append(MinPLogitsWarper(min_p))
+    ref = torch.softmax(warpers(torch.zeros(4, 1, dtype=torch.long), logits.clone()), dim=-1)
+    ours = next_token_probs(logits, temperature, top_k, top_p, min_p)
+    assert torch.equal(ours > 0, ref > 0), "a different set of tokens is kept"
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_min_p_follows_the_models_confidence():
+    confident = torch.tensor([5.0, 1.0, 0.9, 0.8])  # one token dominates: min-p keeps only it
+    unsure = torch.tensor([1.0, 0.99, 0.98, -4.0])  # three nearly tied: min-p keeps all three
+    assert (next_token_probs(confident, min_p=0.1) > 0).tolist() == [True, False, False, False]
+    assert (next_token_probs(unsure, min_p=0.1) > 0).tolist() == [True, True, True, False]
+    assert SamplingSettings(min_p=0.05).describe() == "temperature 1, min-p 0.05"
+
+
+@pytest.mark.parametrize("min_p", [-0.1, 1.5, math.nan, "a", True])
+def test_bad_min_p_is_refused(min_p):
+    with pytest.raises(CourseError, match="min_p"):
+        next_token_probs(torch.zeros(5), min_p=min_p)
+
+
+def test_logprobs_are_the_raw_distributions():
+    from llm_anatomy.generate.sampling import token_logprobs
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    chosen, top = token_logprobs(logits, 1, top=2)
+    expected = torch.log_softmax(logits, -1)
+    assert chosen == pytest.approx(float(expected[1]))
+    assert [i for i, _ in top] == [0, 1] and top[0][1] == pytest.approx(float(expected[0]))
+    assert token_logprobs(logits, 3)[1] == []

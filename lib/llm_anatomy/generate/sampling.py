@@ -5,10 +5,13 @@ The model gives one score (logit) per vocabulary entry. Decoding turns them into
 - temperature T: divide the logits by T before the softmax (T < 1 sharpens, T > 1 flattens,
   T = 0 means greedy);
 - top-k: keep only the k highest-scoring tokens (and any tied with the k-th);
-- top-p (nucleus): keep the fewest most likely tokens whose probabilities add up to at least p.
+- top-p (nucleus): keep the fewest most likely tokens whose probabilities add up to at least p;
+- min-p: keep the tokens at least min_p times as likely as the most likely one (llama.cpp's and Ollama's
+  default filter): a cut that follows the model's confidence, tight when one token dominates, loose when many tie.
 
 They combine the way transformers' generate() chains its warpers: temperature, then top-k, then top-p,
-then sample; the kept tokens and their probabilities are the same as transformers', ties and float32
+then min-p, then sample (other engines chain them in other orders: llama.cpp applies the temperature after
+its filters, so the same settings can give a different distribution there); the kept tokens and their probabilities are the same as transformers', ties and float32
 rounding included. `next_token_probs` gives the filtered distribution (for plots and the stepper
 widget); `sample_next` draws from it with a seeded `torch.Generator`, so a seed makes a run reproducible.
 Both take logits `[vocab]` or `[batch, vocab]`, and refuse logits holding NaN or +inf, or a row where
@@ -27,14 +30,16 @@ from ..errors import CourseError
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How to choose the next token. temperature 0 = greedy; top_k None = no top-k; top_p 1.0 = no top-p."""
+    """How to choose the next token. temperature 0 = greedy; top_k None = no top-k; top_p 1.0 = no top-p;
+    min_p 0.0 = no min-p."""
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self):
-        check_settings(self.temperature, self.top_k, self.top_p)
+        check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
 
     @property
     def greedy(self) -> bool:
@@ -48,10 +53,13 @@ class SamplingSettings:
             parts.append(f"top-k {self.top_k}")
         if self.top_p < 1.0:
             parts.append(f"top-p {self.top_p:g}")
+        if self.min_p > 0.0:
+            parts.append(f"min-p {self.min_p:g}")
         return ", ".join(parts)
 
 
-def check_settings(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0) -> None:
+def check_settings(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
+                   min_p: float = 0.0) -> None:
     """Raise a CourseError with a clear sentence if a sampling setting is out of range."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise CourseError(f"temperature must be a number (0 for greedy), not {type(temperature).__name__}.")
@@ -66,6 +74,10 @@ def check_settings(temperature: float = 1.0, top_k: int | None = None, top_p: fl
         raise CourseError(f"top_p must be a number in (0, 1], not {type(top_p).__name__}.")
     if not 0 < top_p <= 1:  # also refuses NaN
         raise CourseError(f"top_p must be in (0, 1] (1 keeps every token), not {top_p}.")
+    if isinstance(min_p, bool) or not isinstance(min_p, (int, float)):
+        raise CourseError(f"min_p must be a number in [0, 1], not {type(min_p).__name__}.")
+    if not 0 <= min_p <= 1:  # also refuses NaN
+        raise CourseError(f"min_p must be in [0, 1] (0 keeps every token), not {min_p}.")
 
 
 def _check_logits(logits: torch.Tensor) -> None:
@@ -155,16 +167,25 @@ def top_p_mask(scores: torch.Tensor, p: float) -> torch.Tensor:
     return ~drop.scatter(-1, order, drop)  # each flag back at its token's position
 
 
+def min_p_mask(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """True for the tokens min-p keeps: probability at least min_p x the most likely token's probability.
+
+    The most likely token always passes (its ratio is 1), so at least one token survives any min_p <= 1.
+    """
+    probs = torch.softmax(scores, dim=-1)
+    return probs >= min_p * probs.amax(dim=-1, keepdim=True)
+
+
 def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                     top_p: float = 1.0) -> torch.Tensor:
+                     top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """The distribution the next token is drawn from, float32, same shape as `logits`.
 
     The steps of transformers' warpers: scores = logits / T; top-k and then top-p set the tokens they
-    drop to -inf (top-p sees only what top-k kept); a softmax turns the rest into probabilities that sum
+    drop to -inf (top-p sees only what top-k kept, min-p what top-p kept); a softmax turns the rest into probabilities that sum
     to 1, and the dropped tokens get exactly 0. temperature 0 gives all the probability to the highest
     logit (greedy). Logits holding NaN or +inf, or a row that is all -inf, raise a CourseError.
     """
-    check_settings(temperature, top_k, top_p)
+    check_settings(temperature, top_k, top_p, min_p)
     _check_logits(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
@@ -173,21 +194,23 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
         scores = scores.masked_fill(~top_k_mask(scores, top_k), float("-inf"))
     if top_p < 1.0:
         scores = scores.masked_fill(~top_p_mask(scores, top_p), float("-inf"))
+    if min_p > 0.0:
+        scores = scores.masked_fill(~min_p_mask(scores, min_p), float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None, min_p: float = 0.0) -> torch.Tensor:
     """Draw the next token id(s): a 0-d tensor for `[vocab]`, `[batch]` for `[batch, vocab]`.
 
     Greedy (temperature 0) draws nothing from `generator`; otherwise one draw per row. Bad settings or
     logits (NaN, +inf, all -inf) raise a CourseError before anything is drawn.
     """
     if temperature == 0:
-        check_settings(temperature, top_k, top_p)
+        check_settings(temperature, top_k, top_p, min_p)
         _check_logits(logits)
         return logits.argmax(dim=-1)
-    return draw(next_token_probs(logits, temperature, top_k, top_p), generator)
+    return draw(next_token_probs(logits, temperature, top_k, top_p, min_p), generator)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -200,7 +223,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
 def sample_with(logits: torch.Tensor, settings: SamplingSettings,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """sample_next with a SamplingSettings: the drawn id(s) and the distribution they came from (computed once)."""
-    probs = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p)  # checks the logits
+    probs = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p,  # checks the logits
+                             settings.min_p)
     ids = logits.argmax(dim=-1) if settings.temperature == 0 else draw(probs, generator)
     return ids, probs
 
@@ -212,3 +236,15 @@ def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gen
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+def token_logprobs(logits: torch.Tensor, chosen: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    """The natural-log probability of `chosen` under the model's own distribution (softmax of the raw logits
+    `[vocab]`, before temperature and filters, as the OpenAI API and vLLM report it), and the `top` most likely
+    (id, logprob) pairs, most likely first."""
+    _check_logits(logits)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logp, top) if top > 0 else None
+    pairs = [] if best is None else [(int(i), float(v)) for v, i in zip(best.values, best.indices)]
+    return float(logp[chosen]), pairs
+
