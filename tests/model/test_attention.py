@@ -11,7 +11,7 @@ from llm_anatomy.model.attention import attention, attention_probabilities, caus
 from llm_anatomy.model.rope import rope_cos_sin
 from llm_anatomy.model.scratch import ScratchLlama
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 def _qkv(heads=4, kv_heads=2, seq=7, d=16, batch=2, seed=0):
@@ -88,7 +88,7 @@ def test_the_causal_mask_keeps_earlier_outputs_fixed_when_tokens_are_appended():
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # MHA, GQA, MQA
 def test_equals_the_transformers_attention_layer(kv_heads):
-    hf = tiny_llama(num_key_value_heads=kv_heads)
+    hf = random_llama(num_key_value_heads=kv_heads)
     ours = ScratchLlama.from_hf(hf)
     torch.manual_seed(4)
     x = torch.randn(2, 9, 64)
