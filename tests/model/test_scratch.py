@@ -120,7 +120,8 @@ def test_the_loss_backpropagates_through_our_model_as_through_transformers():
     ours = ScratchLlama.from_hf(hf)
     ids = _ids(1, 24, seed=2)
     weight = hf.model.layers[3].self_attn.q_proj.weight  # shared: ours.layers[3].self_attn.q_proj.weight
-    assert weight is ours.layers[3].self_attn.q_proj.weight and weight.requires_grad
+    assert weight is ours.layers[3].self_attn.q_proj.weight and not weight.requires_grad  # frozen for inference
+    weight.requires_grad_(True)  # unfrozen, to take its gradient
     hf.set_attn_implementation("eager")
     loss_ours, grad_ours = _loss_and_gradient(ours, weight, ids)
     loss_theirs, grad_theirs = _loss_and_gradient(hf, weight, ids)
@@ -230,10 +231,12 @@ def test_real_loss_gradient_equals_transformers(real):
     weight = real.model.model.layers[3].self_attn.q_proj.weight
     before = real.model.config._attn_implementation
     real.model.set_attn_implementation("eager")
+    weight.requires_grad_(True)  # load_model freezes the weights; unfreeze the one we differentiate
     try:
         loss_ours, grad_ours = _loss_and_gradient(ours, weight, ids)
         loss_theirs, grad_theirs = _loss_and_gradient(real.model, weight, ids)
     finally:
         real.model.set_attn_implementation(before)
+        weight.requires_grad_(False)
     assert abs(loss_ours.item() - loss_theirs.item()) < 1e-4
     assert (grad_ours - grad_theirs).abs().max() <= 1e-4 * grad_theirs.abs().max()  # fp32 rounding

@@ -141,6 +141,7 @@ class ScratchLlama(nn.Module):
             if theirs[key].shape != param.shape:
                 raise CourseError(f"Shape mismatch for {name}: ours {tuple(param.shape)}, "
                                   f"theirs {tuple(theirs[key].shape)}.")
+            param.requires_grad_(theirs[key].requires_grad)  # assign gives their tensor this flag: keep theirs
             weights[name] = theirs[key]
         ours.load_state_dict(weights, strict=False, assign=True)  # assign: share the storage, no copy
         if cfg.tie_word_embeddings:

@@ -46,7 +46,8 @@ def random_llama(size: str = "tiny", device: torch.device | str = "cpu", dtype: 
                  seed: int = 0, **changes):
     """A transformers LlamaForCausalLM of a named shape with random weights, on `device` in `dtype`, in eval mode.
 
-    The same `seed` gives the same weights. changes: config fields to set instead (see random_config).
+    The same `seed` gives the same weights. changes: config fields to set instead (see random_config). Like
+    load_model's, the weights are frozen (requires_grad False); `requires_grad_(True)` to take a gradient.
     """
     from transformers import LlamaForCausalLM
 
@@ -59,4 +60,4 @@ def random_llama(size: str = "tiny", device: torch.device | str = "cpu", dtype: 
             model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
-    return model.eval()
+    return model.eval().requires_grad_(False)
