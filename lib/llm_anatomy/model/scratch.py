@@ -75,8 +75,9 @@ class Attention(nn.Module):
         # transformers' eager attention takes, copies each KV head for its group and then attends head by head:
         #     n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
         #     out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))   # k, v: [b, heads, past + s, d]
-        # attention() gives the same numbers without the copy: it stacks a group's query heads as rows against their
-        # shared KV head (attention.py). At decode, reading K and V is most of the work; the copy would triple it here.
+        # attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
+        # rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
+        # would triple it here.
         out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
         out, weights = out if return_weights else (out, None)
         out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
