@@ -134,3 +134,13 @@ def test_every_cache_of_the_course_has_the_one_interface(tiny_model):
     want = model(ids, contiguous)[:, -1]
     for cache in caches[1:3]:
         assert (model(ids, cache)[:, -1] - want).abs().max() < 1e-5
+
+
+def test_an_object_with_only_the_attention_numbers_is_enough():
+    """Notebook 03 asks the formula about MHA and MQA variants of the model with a SimpleNamespace of four fields."""
+    from types import SimpleNamespace
+
+    mqa = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=1, head_dim=64)
+    assert kv_cache_bytes(mqa, 1) == kv_bytes(30, 1, 64, 2) == 23_040 // 3
+    mha = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=9, hidden_size=576)
+    assert kv_cache_bytes(mha, 1) == 3 * 23_040  # head_dim from hidden_size // heads

@@ -36,12 +36,10 @@ class ScratchConfig:
             config = SimpleNamespace(**config)
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        layers, heads, kv_heads, head_dim = attention_layout(config)
         return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                   intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=head_dim, rope_theta=float(theta), rms_norm_eps=config.rms_norm_eps,
+                   intermediate_size=config.intermediate_size, num_layers=layers, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=float(theta), rms_norm_eps=config.rms_norm_eps,
                    max_position_embeddings=config.max_position_embeddings,
                    tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
                    rope_type=rope.get("rope_type", rope.get("type", "default")) or "default")
@@ -52,6 +50,18 @@ class ScratchConfig:
             raise CourseError(f"This from-scratch model implements plain RoPE, not {self.rope_type!r} scaling.")
         if self.head_dim % 2:
             raise CourseError(f"head_dim must be even for RoPE (it rotates pairs); this config has {self.head_dim}.")
+
+
+def attention_layout(config) -> tuple[int, int, int, int]:
+    """(layers, heads, kv_heads, head_dim) from a Llama-family config's names, or from any object that has just
+    those (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim or hidden_size): all that the KV-cache
+    formula needs. kv_heads defaults to heads (multi-head attention), head_dim to hidden_size // heads."""
+    if isinstance(config, Mapping):
+        config = SimpleNamespace(**config)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, heads, kv_heads, head_dim
 
 
 def check_context(positions: int, context: int) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .config import ScratchConfig
+from .config import attention_layout
 from ..errors import CourseError
 
 
@@ -149,13 +149,13 @@ def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, 
 def kv_layout(config) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) of a decoder config: what one position of the KV cache holds per K and V.
 
-    A Llama-family config (it names num_key_value_heads) is read by ScratchConfig.from_hf, the course's one config
-    reader; other families by their own names: GPT-2 (n_layer, n_head) and Falcon (num_kv_heads, multi_query,
-    new_decoder_architecture). MHA: kv_heads == heads; GQA: fewer; MQA: one.
+    A Llama-family config (it names num_key_value_heads) is read as ScratchConfig.from_hf reads it (config.py, the
+    course's one config reader); other families by their own names: GPT-2 (n_layer, n_head) and Falcon
+    (num_kv_heads, multi_query, new_decoder_architecture). MHA: kv_heads == heads; GQA: fewer; MQA: one.
     """
     if getattr(config, "num_key_value_heads", None) is not None:
-        cfg = ScratchConfig.from_hf(config)
-        return cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        layers, _, kv_heads, head_dim = attention_layout(config)
+        return layers, kv_heads, head_dim
     layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _first(config, "num_attention_heads", "n_head")
     if getattr(config, "model_type", None) == "falcon" or hasattr(config, "new_decoder_architecture"):
