@@ -199,6 +199,7 @@ class StaticDecoder:
     def _step(self) -> None:
         out = self.model.trace(self.token, self.writer, keep_hidden=False, logits_to_keep=1, check_range=False)
         self.token.copy_(out.logits[:, -1:].argmax(-1))  # logits [batch, 1, vocab]
+
     @torch.inference_mode()
     def capture(self) -> None:
         """Record one step in a CUDA graph (CUDA only); the state is restored after the warm-up steps.
