@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
-from tiny_models import tiny_llama, tiny_llama_config  # noqa: E402,F401  (re-exported for fixtures)
+from llm_anatomy.weights.random import random_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def one_torch_thread():
 
 @pytest.fixture
 def tiny_model():
-    return tiny_llama()
+    return random_llama()
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,11 @@
     weights/    cache load random                    the model's files: fetched, checked, converted, loaded
     tokens/     pretokenize bpe_train bpe_hf bpe     01 Tokens
     model/      embeddings rope attention            02 Embeddings and positions, 03 Attention
-                scratch logit_lens                   04 The forward pass
-                kv_cache                             06 The KV cache
-    generate/   sampling decode session chat         05 Generation, 06 (the one decoding loop: prefill, decode_step)
-    measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with
+                config scratch logit_lens            04 The forward pass (config: the one reader of model configs)
+                kv_cache                             06 The KV cache (and KVCacheInterface, what every cache provides)
+    generate/   sampling decode session steps chat   05 Generation, 06 (the one decoding loop: prefill, decode_step)
+    measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with:
+                exactness stats quality                 the checks against transformers, chi-squared, quality losses
     serve/      batching paged_kv prefix_cache ...   08 Serving many users
     fast/       gguf_blocks quantize speculative ... 09 Making decode fast
     views/      HTML and matplotlib pictures of every stage (no ipywidgets)

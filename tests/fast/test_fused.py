@@ -11,7 +11,7 @@ from llm_anatomy.fast.fused import Projection, compile_step, count_ops, fuse, ma
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.fast.tiled_attention import tiled_attention
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
@@ -24,7 +24,7 @@ def _ids(batch, seq, seed=0):
 @pytest.mark.parametrize("layout", ["out_in", "in_out"])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_fused_model_equals_the_plain_one_and_transformers(layout, kv_heads):
-    hf = tiny_llama(num_key_value_heads=kv_heads, tie_word_embeddings=False)
+    hf = random_llama(num_key_value_heads=kv_heads, tie_word_embeddings=False)
     plain = ScratchLlama.from_hf(hf)
     fast = fuse(plain, layout)
     ids = _ids(2, 17)
@@ -39,7 +39,7 @@ def test_fused_model_equals_the_plain_one_and_transformers(layout, kv_heads):
 
 
 def test_fusing_concatenates_once_and_shares_the_rest():
-    plain = ScratchLlama.from_hf(tiny_llama())
+    plain = ScratchLlama.from_hf(random_llama())
     fast = fuse(plain)
     attn, mlp = fast.layers[1].self_attn, fast.layers[1].mlp
     q, k, v = attn.qkv_proj.weight.split(attn.sizes)
@@ -92,7 +92,7 @@ def test_compile_finds_the_host_sync_in_the_range_check():
     The fixed-shape step has no such read. (A backend that only traces keeps this test quick.)"""
     import torch._dynamo as dynamo
 
-    plain = ScratchLlama.from_hf(tiny_llama())
+    plain = ScratchLlama.from_hf(random_llama())
     ids = _ids(1, 1)
     with torch.no_grad():
         explained = dynamo.explain(lambda: plain(ids))()
@@ -122,7 +122,7 @@ def test_compile_step_reports_time_and_graph_breaks():
 
 def test_real_fused_greedy_equals_transformers(real):
     from llm_anatomy.generate.chat import chat_prompt_ids
-    from llm_anatomy.cli.check import greedy_matches
+    from llm_anatomy.measure.exactness import greedy_matches
 
     fast = fuse(ScratchLlama.from_hf(real.model), "in_out")
     prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Write a short story about a robot."}])

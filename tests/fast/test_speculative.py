@@ -9,10 +9,10 @@ import torch
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
 from llm_anatomy.model.scratch import ScratchLlama
-from llm_anatomy.fast.speculative import (LayerSkipDraft, PromptLookupDraft, accept_or_resample, chi_squared_test,
-                                     expected_tokens_per_round, predicted_speedup, speculative_generate)
-
-from tiny_models import tiny_llama
+from llm_anatomy.fast.speculative import (LayerSkipDraft, PromptLookupDraft, accept_or_resample,
+                                          expected_tokens_per_round, predicted_speedup, speculative_generate)
+from llm_anatomy.measure.stats import chi_squared_test
+from llm_anatomy.weights.random import random_llama
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama(seed=3, tie_word_embeddings=False))
+    return ScratchLlama.from_hf(random_llama(seed=3, tie_word_embeddings=False))
 
 
 class ScriptedDraft:
@@ -29,7 +29,7 @@ class ScriptedDraft:
     def __init__(self, proposals):
         self.proposals, self.valid = list(proposals), []
 
-    def draft(self, context, k, temperature=0.0, generator=None):
+    def draft(self, context, k, settings=None, generator=None):
         return (self.proposals.pop(0) if self.proposals else [])[:k], None
 
     def rollback(self, valid):
@@ -82,7 +82,7 @@ def test_rejected_drafts_are_rolled_back(tiny):
     assert result.tokens == plain
     # the last round has room for one draft only: its own token makes the eighth
     assert result.accepted_per_round == [2, 0, 0, 1] and result.rejections == 2 and result.drafted == 5
-    assert draft.valid == [4 + 1 + 2, 4 + 4 + 0, 4 + 5 + 0, 4 + 6 + 1]  # context seen + drafts kept
+    assert draft.valid == [0, 4 + 1 + 2, 4 + 4 + 0, 4 + 5 + 0, 4 + 6 + 1]  # a new sequence, then context + kept
     assert result.acceptance_rate == 3 / 5 and result.tokens_per_round == 7 / 4
     assert result.rounds_without_draft == 1  # the third round's draft proposed nothing
     assert 0 < result.prefill_s <= result.seconds
@@ -104,12 +104,11 @@ def test_eos_stops_and_bad_input_is_refused(tiny):
 
 def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real):
     """transformers' own prompt-lookup generation, ours and plain greedy decoding: the same tokens."""
-    from pydoc_data.topics import topics
-
     from llm_anatomy.generate.chat import chat_prompt_ids
+    from llm_anatomy.texts import python_topic
 
     model = ScratchLlama.from_hf(real.model)
-    text = topics["assignment"][:500]
+    text = python_topic("assignment")[:500]
     prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Repeat this text exactly:\n\n" + text}])
     n = 24
     plain = generate_greedy(model, prompt, n).tokens[0].tolist()
@@ -156,15 +155,6 @@ def test_the_test_catches_a_wrong_rule():
     assert chi_squared_test(wrong, p).p_value < 1e-6
 
 
-def test_chi_squared_on_known_counts():
-    samples = torch.tensor([0] * 50 + [1] * 30 + [2] * 20)
-    result = chi_squared_test(samples, torch.tensor([0.5, 0.3, 0.2]))
-    assert result.statistic == pytest.approx(0, abs=1e-9) and result.dof == 2 and result.p_value == pytest.approx(1.0)
-    skewed = chi_squared_test(torch.tensor([0] * 80 + [1] * 10 + [2] * 10), torch.tensor([0.5, 0.3, 0.2]))
-    assert skewed.statistic == pytest.approx(18 + 40 / 3 + 5) and skewed.p_value < 1e-6  # e^(-x/2) for 2 dof
-    assert skewed.p_value == pytest.approx(torch.exp(torch.tensor(-skewed.statistic / 2)).item(), rel=1e-6)
-
-
 def test_sampling_speculation_matches_the_models_distribution_end_to_end(tiny):
     """The second generated token's distribution, over 1,500 speculative runs with a one-layer draft, equals the
     model's own: sum over the first token x of p(x) * p(y | x), computed exactly."""
@@ -180,6 +170,28 @@ def test_sampling_speculation_matches_the_models_distribution_end_to_end(tiny):
     samples = torch.tensor([speculative_generate(tiny, ids, 2, draft, 1, temperature=t, generator=g).tokens[1]
                             for _ in range(1500)])
     assert chi_squared_test(samples, marginal).p_value > 1e-3
+
+
+def test_sampling_goes_through_the_course_sampler(tiny):
+    """top-k and top-p reach the draft and the verify pass: top_k=1 leaves one token to draw, the greedy one."""
+    ids = torch.tensor([[5, 9, 17, 4]])
+    plain = generate_greedy(tiny, ids, 12).tokens[0].tolist()
+    g = torch.Generator().manual_seed(0)
+    for draft in (LayerSkipDraft(tiny, [0]), PromptLookupDraft()):
+        assert speculative_generate(tiny, ids, 12, draft, 3, temperature=1.5, top_k=1, generator=g).tokens == plain
+        assert speculative_generate(tiny, ids, 12, draft, 3, temperature=1.5, top_p=1e-6, generator=g).tokens == plain
+    for bad, words in ((dict(temperature=-1.0), "temperature"), (dict(temperature=1.0, top_k=0), "top_k"),
+                       (dict(temperature=1.0, top_p=0.0), "top_p")):
+        with pytest.raises(CourseError, match=words):
+            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, **bad)
+
+
+def test_logits_that_hold_nan_are_refused(tiny, monkeypatch):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    monkeypatch.setattr(tiny.norm, "forward", lambda x: torch.full_like(x, float("nan")))
+    for t in (0.0, 1.0):
+        with pytest.raises(CourseError, match="NaN"):
+            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, temperature=t)
 
 
 def test_expected_tokens_and_predicted_speedup():

@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_anatomy.generate.decode import StaticDecoder, decode_step, generate_greedy, greedy_tokens, prefill
 from llm_anatomy.errors import CourseError
+from llm_anatomy.generate.decode import (SlotWriter, StaticDecoder, decode_step, generate_greedy, greedy_tokens,
+                                         left_pad, prefill)
+from llm_anatomy.model.kv_cache import KVCacheInterface
 from llm_anatomy.model.scratch import ScratchLlama
 
 
 def test_cached_and_uncached_generation_give_identical_tokens_and_match_transformers():
-    from tiny_models import tiny_llama
+    from llm_anatomy.weights.random import random_llama
 
-    hf = tiny_llama(seed=3, tie_word_embeddings=False)
+    hf = random_llama(seed=3, tie_word_embeddings=False)
     model = ScratchLlama.from_hf(hf)
     ids = torch.randint(3, 128, (2, 6), generator=torch.Generator().manual_seed(0))
     cached = generate_greedy(model, ids, 12)
@@ -52,6 +54,33 @@ def test_prefill_then_decode_steps_equal_one_full_pass(tiny_model):
     assert (torch.stack(logits, 1) - full[:, 5:]).abs().max() < 1e-5 and cache.length == 9
 
 
+def test_prefill_keeps_as_many_logits_as_asked(tiny_model):
+    """The speculative verify pass is a prefill that keeps the logits of every position it feeds."""
+    model = ScratchLlama.from_hf(tiny_model)
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(5))
+    full = model(ids)  # [1, 7, vocab]
+    cache = model.new_cache(1, 8)
+    prefill(model, ids[:, :4], cache)
+    kept = prefill(model, ids[:, 4:], cache, logits_to_keep=3).logits  # [1, 3, vocab]
+    assert kept.shape == (1, 3, 128) and (kept - full[:, 4:]).abs().max() < 1e-5
+    every = prefill(model, ids, model.new_cache(1, 8), logits_to_keep=0).logits
+    assert every.shape == full.shape and (every - full).abs().max() < 1e-5
+
+
+def test_a_prefill_that_fails_after_the_blocks_counts_no_position(tiny_model, monkeypatch):
+    model = ScratchLlama.from_hf(tiny_model)
+    cache = model.new_cache(1, 8)
+    prefill(model, torch.tensor([[5, 6]]), cache)
+
+    def broken(x):
+        raise RuntimeError("the final norm failed")
+
+    monkeypatch.setattr(model.norm, "forward", broken)  # every block has run and the cache has advanced by now
+    with pytest.raises(RuntimeError, match="final norm"):
+        prefill(model, torch.tensor([[7, 8, 9]]), cache)
+    assert cache.length == 2
+
+
 def test_decode_step_refuses_bad_input_and_a_failed_call_counts_nothing(tiny_model):
     model = ScratchLlama.from_hf(tiny_model)
     cache = model.new_cache(1, 4)
@@ -84,6 +113,48 @@ def test_the_fixed_shape_step_gives_the_same_tokens_as_decode_step(tiny_model):
         decoder.generate(ids, 12)
     with pytest.raises(CourseError, match="CUDA"):
         decoder.capture()  # on the CPU: a clear refusal, never a silent fallback
+
+
+def test_the_fixed_shape_step_is_the_models_own_forward_pass(tiny_model, monkeypatch):
+    """StaticDecoder writes nothing of the model twice: each step is one call of the model's trace, with the slot
+    writer (a KVCacheInterface) as its cache."""
+    model = ScratchLlama.from_hf(tiny_model)
+    decoder = StaticDecoder(model, batch=1, max_len=8)
+    decoder.prefill(torch.tensor([[5, 6, 7]]))
+    assert isinstance(decoder.writer, SlotWriter) and isinstance(decoder.writer, KVCacheInterface)
+    caches = []
+    original = model.trace
+    monkeypatch.setattr(model, "trace",
+                        lambda ids, cache=None, *a, **k: (caches.append(cache), original(ids, cache, *a, **k))[1])
+    decoder.step()
+    decoder.step()
+    assert caches == [decoder.writer, decoder.writer] and int(decoder.pos) == 5
+
+
+def test_the_fixed_shape_step_traces_without_a_graph_break(tiny_model):
+    """What notebook 09 claims (C20): torch.compile can take the whole step, since no value is read back to Python."""
+    import torch._dynamo as dynamo
+
+    decoder = StaticDecoder(ScratchLlama.from_hf(tiny_model), batch=1, max_len=8)
+    decoder.prefill(torch.tensor([[5, 6, 7]]))
+    try:
+        with torch.inference_mode():
+            assert dynamo.explain(decoder._step)().graph_break_count == 0
+    finally:
+        dynamo.reset()
+
+
+def test_left_pad_puts_every_prompt_last_token_in_the_last_column(tiny_model):
+    ids, mask = left_pad([[5, 6, 7], [8], [9, 10]], pad_id=2)
+    assert ids.tolist() == [[5, 6, 7], [2, 2, 8], [2, 9, 10]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
+    model = ScratchLlama.from_hf(tiny_model)
+    padded = prefill(model, ids, model.new_cache(3, 8), attention_mask=mask).logits[1, -1]
+    alone = prefill(model, torch.tensor([[8]]), model.new_cache(1, 8)).logits[0, -1]
+    assert (padded - alone).abs().max() < 1e-5  # with the mask, a padded prompt reads as if it were alone
+    for bad in ([], [[5], []]):
+        with pytest.raises(CourseError, match="left_pad"):
+            left_pad(bad)
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

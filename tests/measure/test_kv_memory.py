@@ -41,9 +41,13 @@ def test_report_numbers():
     assert r.users_fit == int((80 * 2**30 - r.weight_bytes) // 2**30) == 65 and r.fits
 
 
-def test_memory_is_counted_in_gib():
-    assert GIB == 2**30
-    assert GPU_MEMORY_GIB["A100 (80 GB)"] == 80 and GPU_MEMORY_GIB["T4 (16 GB)"] == 16
+@pytest.mark.parametrize("card", sorted(GPU_MEMORY_GIB))
+def test_a_card_sold_as_n_gb_holds_n_gib(card):
+    """Memory is counted in GiB: a card whose name says "80 GB" holds 80 GiB, and so many 1-GiB caches fit."""
+    n = float(card.split("(")[1].split(" GB")[0])
+    assert GPU_MEMORY_GIB[card] == n
+    assert users_that_fit(GIB, GPU_MEMORY_GIB[card]) == int(n)  # 1 GiB per user, no weights
+    assert kv_report("Llama-3-8B", length=8192, users=1, dtype="bf16", gpu_memory_gib=GPU_MEMORY_GIB[card]).total_gib == 1
 
 
 def test_users_that_fit_after_the_weights():

@@ -11,7 +11,7 @@ from llm_anatomy.model.attention import attention, attention_probabilities, caus
 from llm_anatomy.model.rope import rope_cos_sin
 from llm_anatomy.model.scratch import ScratchLlama
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 def _qkv(heads=4, kv_heads=2, seq=7, d=16, batch=2, seed=0):
@@ -58,6 +58,17 @@ def test_weights_are_a_masked_softmax():
     assert torch.equal(attention_probabilities(q, k), weights)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_the_copy_free_grouped_matmul_equals_the_plain_repeat_kv_path(kv_heads):
+    """What Attention.forward's comment shows side by side: copying each KV head for its group (transformers'
+    eager path) and attention()'s grouped rows give the same outputs and weights, to float rounding."""
+    q, k, v = _qkv(heads=4, kv_heads=kv_heads, seq=9)
+    n_rep = 4 // kv_heads
+    plain, plain_weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), return_weights=True)
+    grouped, weights = attention(q, k, v, return_weights=True)
+    assert (grouped - plain).abs().max() < 1e-6 and (weights - plain_weights).abs().max() < 1e-6
+
+
 def test_gqa_groups_query_heads_in_order():
     assert [kv_head_of(h, 9, 3) for h in range(9)] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     k = torch.arange(3.0).view(1, 3, 1, 1)
@@ -88,7 +99,7 @@ def test_the_causal_mask_keeps_earlier_outputs_fixed_when_tokens_are_appended():
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # MHA, GQA, MQA
 def test_equals_the_transformers_attention_layer(kv_heads):
-    hf = tiny_llama(num_key_value_heads=kv_heads)
+    hf = random_llama(num_key_value_heads=kv_heads)
     ours = ScratchLlama.from_hf(hf)
     torch.manual_seed(4)
     x = torch.randn(2, 9, 64)

@@ -10,7 +10,7 @@ from llm_anatomy.model.embeddings import (cosine_similarities, embedding_table, 
                                     pca_2d, tied_embeddings, token_id)
 from llm_anatomy.model.scratch import ScratchLlama
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 def test_one_hot_times_the_table_is_the_lookup(tiny_model):
@@ -57,8 +57,8 @@ def test_pca_finds_the_main_directions():
 
 
 def test_tied_embeddings_share_storage():
-    assert tied_embeddings(tiny_llama())
-    assert not tied_embeddings(tiny_llama(tie_word_embeddings=False))
+    assert tied_embeddings(random_llama())
+    assert not tied_embeddings(random_llama(tie_word_embeddings=False))
 
 
 def test_the_real_table_and_its_neighbours(real):

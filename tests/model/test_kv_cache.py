@@ -113,3 +113,34 @@ def test_the_formula_in_plain_numbers_matches_the_config_reader():
     assert kv_cache_bytes(llama3, 1, 1, torch.bfloat16) == kv_bytes(*kv_layout(llama3), 2)
     with pytest.raises(CourseError, match="kv_heads"):
         kv_bytes(30, -1, 64, 2)
+
+
+def test_every_cache_of_the_course_has_the_one_interface(tiny_model):
+    """KVCache, the paged caches (notebook 08) and the CUDA-graph slot writer all are KVCacheInterfaces, and the
+    model runs on each of them the same way."""
+    from llm_anatomy.generate.decode import SlotWriter
+    from llm_anatomy.model.kv_cache import KVCacheInterface
+    from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.serve.scheduler import RaggedPagedView
+
+    model = ScratchLlama.from_hf(tiny_model)
+    pool = PagedKVPool.for_model(model, num_blocks=8, block_size=4)
+    contiguous = model.new_cache(1, 8)
+    caches = [contiguous, pool.new_cache(1), RaggedPagedView(pool, [[0, 1]], [0], [3]),
+              SlotWriter(model.new_cache(1, 8), torch.zeros(1, dtype=torch.long))]
+    assert all(isinstance(c, KVCacheInterface) for c in caches)
+    assert not isinstance(object(), KVCacheInterface)
+    ids = torch.tensor([[5, 6, 7]])
+    want = model(ids, contiguous)[:, -1]
+    for cache in caches[1:3]:
+        assert (model(ids, cache)[:, -1] - want).abs().max() < 1e-5
+
+
+def test_an_object_with_only_the_attention_numbers_is_enough():
+    """Notebook 03 asks the formula about MHA and MQA variants of the model with a SimpleNamespace of four fields."""
+    from types import SimpleNamespace
+
+    mqa = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=1, head_dim=64)
+    assert kv_cache_bytes(mqa, 1) == kv_bytes(30, 1, 64, 2) == 23_040 // 3
+    mha = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=9, hidden_size=576)
+    assert kv_cache_bytes(mha, 1) == 3 * 23_040  # head_dim from hidden_size // heads

@@ -9,11 +9,11 @@ from llm_anatomy import CourseError
 from llm_anatomy.model.logit_lens import lens_logits, logit_lens
 from llm_anatomy.model.scratch import ScratchLlama
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 def test_the_lens_on_the_last_layer_gives_the_models_logits():
-    model = ScratchLlama.from_hf(tiny_llama())
+    model = ScratchLlama.from_hf(random_llama())
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
     out = model.trace(ids)
     lens = lens_logits(out.hidden_states, model.norm, model.lm_head, position=4)
@@ -27,7 +27,7 @@ def test_the_lens_on_the_last_layer_gives_the_models_logits():
 
 
 def test_rows_end_with_the_models_answer():
-    model = ScratchLlama.from_hf(tiny_llama())
+    model = ScratchLlama.from_hf(random_llama())
     ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
     rows = logit_lens(model, ids)
     assert [r.layer for r in rows] == [0, 1, 2]
@@ -47,7 +47,7 @@ def test_the_real_model_forms_paris_in_its_later_layers(real):
 def test_the_lens_grid_reads_every_layer_at_every_position():
     from llm_anatomy.model.logit_lens import lens_grid
 
-    model = ScratchLlama.from_hf(tiny_llama())
+    model = ScratchLlama.from_hf(random_llama())
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(2))
     grid = lens_grid(model, ids)
     assert grid.top_probabilities.shape == (3, 7) and len(grid.top_tokens) == 3 and len(grid.top_tokens[0]) == 7

@@ -12,7 +12,7 @@ from llm_anatomy import CourseError
 from llm_anatomy.model.rope import (apply_rope, rope_angles, rope_cos_sin, rope_frequencies,
                               rotate_2d, rotate_half)
 
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 
 def test_frequencies_are_theta_to_the_minus_2i_over_d():
@@ -44,7 +44,7 @@ def test_mismatched_cos_is_refused():
 
 @pytest.mark.parametrize("head_dim, theta", [(16, 100000.0), (64, 10000.0), (32, 500000.0)])
 def test_cos_sin_equal_the_transformers_rotary_embedding(head_dim, theta):
-    model = tiny_llama(head_dim=head_dim, rope_theta=theta)
+    model = random_llama(head_dim=head_dim, rope_theta=theta)
     positions = torch.arange(256)[None]
     x = torch.zeros(1, 256, head_dim)
     cos_ref, sin_ref = model.model.rotary_emb(x, positions)

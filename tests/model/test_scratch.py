@@ -7,12 +7,12 @@ import torch
 
 from llm_anatomy import CourseError
 from llm_anatomy.generate.chat import chat_prompt_ids
+from llm_anatomy.generate.decode import greedy_tokens
+from llm_anatomy.measure.exactness import (cached_differences, eager_difference, full_difference, greedy_matches,
+                                           natural_text_ids, padded_differences, padded_prompts)
 from llm_anatomy.model.scratch import ScratchConfig, ScratchLlama
-from llm_anatomy.cli.check import (PROMPTS, cached_differences, eager_difference, full_difference,
-                                       greedy_matches, greedy_tokens, left_padded, natural_text_ids,
-                                       padded_differences)
-
-from tiny_models import tiny_llama, tiny_llama_config
+from llm_anatomy.texts import PROMPTS
+from llm_anatomy.weights.random import random_config, random_llama
 
 LAYOUTS = {"MHA": 4, "GQA": 2, "MQA": 1}  # key/value heads for 4 query heads
 
@@ -26,7 +26,7 @@ def _ids(batch, seq, seed=0, vocab=128):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tiny_full_forward_equals_transformers(layout):
-    hf = tiny_llama(num_key_value_heads=LAYOUTS[layout])
+    hf = random_llama(num_key_value_heads=LAYOUTS[layout])
     ours = ScratchLlama.from_hf(hf)
     assert ours.cfg.num_kv_heads == LAYOUTS[layout]
     for seq in [1, 5, 64, 256]:
@@ -35,14 +35,14 @@ def test_tiny_full_forward_equals_transformers(layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_tiny_cached_decode_equals_transformers(layout):
-    hf = tiny_llama(num_key_value_heads=LAYOUTS[layout])
+    hf = random_llama(num_key_value_heads=LAYOUTS[layout])
     result = cached_differences(hf, ScratchLlama.from_hf(hf), _ids(1, 6), steps=20)
     assert result["tokens"] == 26
     assert result["cached_vs_cached"] < 1e-5 and result["cached_vs_full"] < 1e-5
 
 
 def test_tiny_cache_fed_in_chunks_equals_one_pass():
-    hf = tiny_llama()
+    hf = random_llama()
     ours = ScratchLlama.from_hf(hf)
     ids = _ids(2, 30)
     cache = ours.new_cache(2, 30)
@@ -52,7 +52,7 @@ def test_tiny_cache_fed_in_chunks_equals_one_pass():
 
 
 def test_tiny_left_padding_with_and_without_cache():
-    hf = tiny_llama()
+    hf = random_llama()
     ours = ScratchLlama.from_hf(hf)
     ids = _ids(3, 9)
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9, [0] * 8 + [1]])
@@ -62,7 +62,7 @@ def test_tiny_left_padding_with_and_without_cache():
 
 
 def test_padding_changes_nothing_for_the_real_tokens():
-    hf = tiny_llama()
+    hf = random_llama()
     ours = ScratchLlama.from_hf(hf)
     ids = _ids(1, 5)
     padded = torch.cat([torch.full((1, 3), 2), ids], dim=1)
@@ -72,13 +72,13 @@ def test_padding_changes_nothing_for_the_real_tokens():
 
 
 def test_tiny_greedy_equals_generate():
-    hf = tiny_llama(seed=3)
+    hf = random_llama(seed=3)
     result = greedy_matches(hf, type("Tok", (), {"pad_token_id": 2})(), ScratchLlama.from_hf(hf), _ids(1, 4), 40)
     assert result["identical"] and len(result["ours"]) == len(result["theirs"]) > 0
 
 
 def test_trace_exposes_the_residual_stream_and_attention_weights():
-    hf = tiny_llama()
+    hf = random_llama()
     hf.set_attn_implementation("eager")  # so transformers returns its attention weights
     ours = ScratchLlama.from_hf(hf)
     ids = _ids(2, 12)
@@ -95,24 +95,48 @@ def test_trace_exposes_the_residual_stream_and_attention_weights():
 
 
 def test_attention_weights_of_one_layer_or_head():
-    ours = ScratchLlama.from_hf(tiny_llama())
+    ours = ScratchLlama.from_hf(random_llama())
     ids = _ids(1, 10)
     traced = ours.trace(ids, attention_layers=(0, 1)).attentions
-    assert (ours.attention_weights(ids, 1) - traced[1]).abs().max() < 1e-6
-    assert (ours.attention_weights(ids, 0, head=3) - traced[0][:, 3]).abs().max() < 1e-6
+    assert torch.equal(ours.attention_weights(ids, 1), traced[1])  # the blocks' own weights, not a second copy
+    assert torch.equal(ours.attention_weights(ids, 0, head=3), traced[0][:, 3])
     with pytest.raises(CourseError, match="layer must be"):
         ours.attention_weights(ids, 2)
     with pytest.raises(CourseError, match="head must be"):
         ours.attention_weights(ids, 0, head=4)
 
 
+def _loss_and_gradient(model, weight, ids):
+    """The training loss on `ids` (cross-entropy of each next token) and its gradient on `weight`."""
+    logits = model(ids)
+    logits = getattr(logits, "logits", logits)[:, :-1]  # [1, seq - 1, vocab]: each next-token prediction
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    return loss, torch.autograd.grad(loss, weight)[0]
+
+
+def test_the_loss_backpropagates_through_our_model_as_through_transformers():
+    """Our model is differentiable: the gradient of the training loss on one weight equals transformers'."""
+    hf = random_llama(seed=1, num_hidden_layers=4)
+    ours = ScratchLlama.from_hf(hf)
+    ids = _ids(1, 24, seed=2)
+    weight = hf.model.layers[3].self_attn.q_proj.weight  # shared: ours.layers[3].self_attn.q_proj.weight
+    assert weight is ours.layers[3].self_attn.q_proj.weight and not weight.requires_grad  # frozen for inference
+    weight.requires_grad_(True)  # unfrozen, to take its gradient
+    hf.set_attn_implementation("eager")
+    loss_ours, grad_ours = _loss_and_gradient(ours, weight, ids)
+    loss_theirs, grad_theirs = _loss_and_gradient(hf, weight, ids)
+    assert abs(loss_ours.item() - loss_theirs.item()) < 1e-5
+    assert grad_ours.abs().max() > 1e-4  # a real gradient, not zeros
+    assert (grad_ours - grad_theirs).abs().max() <= 1e-5 * grad_theirs.abs().max()  # fp32 rounding
+
+
 def test_weights_are_shared_not_copied():
-    hf = tiny_llama()
+    hf = random_llama()
     ours = ScratchLlama.from_hf(hf)
     assert ours.embed_tokens.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
     assert ours.lm_head.weight.data_ptr() == ours.embed_tokens.weight.data_ptr()  # tied
     assert ours.layers[1].mlp.down_proj.weight.data_ptr() == hf.model.layers[1].mlp.down_proj.weight.data_ptr()
-    untied = tiny_llama(tie_word_embeddings=False)
+    untied = random_llama(tie_word_embeddings=False)
     mine = ScratchLlama.from_hf(untied)
     assert mine.lm_head.weight.data_ptr() == untied.lm_head.weight.data_ptr() != mine.embed_tokens.weight.data_ptr()
     assert full_difference(untied, mine, _ids(1, 7)) < 1e-5
@@ -122,30 +146,35 @@ def test_odd_head_dim_is_refused_clearly():
     from types import SimpleNamespace
 
     # transformers refuses such a config itself, so build one by hand, as another library's might be
-    settings = {**tiny_llama_config().to_dict(), "head_dim": 15}
+    settings = {**random_config().to_dict(), "head_dim": 15}
     with pytest.raises(CourseError, match="head_dim must be even"):
-        ScratchConfig.from_hf(SimpleNamespace(**settings))
-    settings = {**tiny_llama_config().to_dict(), "head_dim": None, "hidden_size": 60}  # 60 / 4 heads = 15
+        ScratchLlama(ScratchConfig.from_hf(SimpleNamespace(**settings)))
+    settings = {**random_config().to_dict(), "head_dim": None, "hidden_size": 60}  # 60 / 4 heads = 15
     with pytest.raises(CourseError, match="head_dim must be even"):
-        ScratchConfig.from_hf(SimpleNamespace(**settings))
+        ScratchLlama(ScratchConfig.from_hf(settings))  # a dict of the config's fields reads the same
 
 
-def test_rope_scaling_is_refused_clearly():
-    config = tiny_llama_config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+def test_rope_scaling_is_read_and_refused_clearly():
+    config = random_config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    cfg = ScratchConfig.from_hf(config)  # the config reader reads it (the KV-cache formula needs no RoPE)...
+    assert cfg.rope_type == "linear" and cfg.rope_theta == 10000.0
+    with pytest.raises(CourseError, match="plain RoPE"):  # ...and the model, which implements plain RoPE, refuses it
+        ScratchLlama(cfg)
     with pytest.raises(CourseError, match="plain RoPE"):
-        ScratchConfig.from_hf(config)
+        ScratchLlama.from_hf(random_llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}))
 
 
 def test_bad_inputs_are_refused_clearly():
-    ours = ScratchLlama.from_hf(tiny_llama())
+    ours = ScratchLlama.from_hf(random_llama())
     with pytest.raises(CourseError, match=r"\[batch, seq\]"):
         ours(torch.tensor([1, 2, 3]))
     with pytest.raises(CourseError, match="from 0 to 127"):
         ours(torch.tensor([[1, 500]]))
     with pytest.raises(CourseError, match="no token"):
         ours(torch.zeros(1, 0, dtype=torch.long))
-    with pytest.raises(CourseError, match="context of 256"):
-        ours(_ids(1, 257))
+    context = ours.cfg.max_position_embeddings
+    with pytest.raises(CourseError, match=f"context of {context}"):
+        ours(_ids(1, context + 1))
     with pytest.raises(CourseError, match="batch size 2"):
         ours(_ids(1, 3), cache=ours.new_cache(2, 10))
     with pytest.raises(CourseError, match="attention_mask"):
@@ -180,7 +209,7 @@ def test_real_cached_decode_within_1e_4(real):
 
 def test_real_left_padded_batch_within_1e_4(real):
     ours = ScratchLlama.from_hf(real.model)
-    ids, mask = left_padded(real.tokenizer, PROMPTS)
+    ids, mask = padded_prompts(real.tokenizer, PROMPTS)
     assert mask[0].tolist().count(0) > 0 and mask[2].all()
     result = padded_differences(real.model, ours, ids, mask, steps=6)
     assert result["padded_full"] < 1e-4 and result["padded_cached"] < 1e-4 and result["padded_vs_alone"] < 1e-4
@@ -193,3 +222,21 @@ def test_real_greedy_128_tokens_identical_to_generate(real):
     assert result["identical"], (result["ours"], result["theirs"])
     assert len(result["ours"]) >= 64  # a real answer, not an immediate stop
     assert greedy_tokens(ours, prompt, 5) == result["theirs"][:5]
+
+
+def test_real_loss_gradient_equals_transformers(real):
+    """The same on the real model: the gradient on layer 3's q_proj weight, from a sentence's training loss."""
+    ours = ScratchLlama.from_hf(real.model)
+    ids = torch.tensor([real.tokenizer.encode(PROMPTS[2])])
+    weight = real.model.model.layers[3].self_attn.q_proj.weight
+    before = real.model.config._attn_implementation
+    real.model.set_attn_implementation("eager")
+    weight.requires_grad_(True)  # load_model freezes the weights; unfreeze the one we differentiate
+    try:
+        loss_ours, grad_ours = _loss_and_gradient(ours, weight, ids)
+        loss_theirs, grad_theirs = _loss_and_gradient(real.model, weight, ids)
+    finally:
+        real.model.set_attn_implementation(before)
+        weight.requires_grad_(False)
+    assert abs(loss_ours.item() - loss_theirs.item()) < 1e-4
+    assert (grad_ours - grad_theirs).abs().max() <= 1e-4 * grad_theirs.abs().max()  # fp32 rounding

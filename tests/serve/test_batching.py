@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request, run_static
 from llm_anatomy.generate.decode import generate_greedy
@@ -14,7 +14,7 @@ from llm_anatomy.model.scratch import ScratchLlama
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 def test_a_request_records_its_times_and_knows_when_it_is_done():
@@ -62,7 +62,7 @@ def test_static_batching_waits_for_arrivals_and_takes_max_batch_at_a_time(tiny):
 
 def test_static_batching_refuses_a_bad_request_before_serving_any(tiny):
     good = Request([5, 6], 2)
-    for bad, words in (("nope", "Submit a Request"), (Request([5] * 250, 10), "context"), (Request([999], 1), "vocab")):
+    for bad, words in (("nope", "Submit a Request"), (Request([5] * 1020, 10), "context"), (Request([999], 1), "vocab")):
         with pytest.raises(CourseError, match=words):
             run_static(tiny, [good, bad])
     assert good.output == [] and good.token_times == []

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.errors import CourseError
@@ -52,6 +52,6 @@ def test_metrics_by_hand():
 
 
 def test_decode_speed_is_a_positive_rate():
-    model = ScratchLlama.from_hf(tiny_llama())
+    model = ScratchLlama.from_hf(random_llama())
     speed = decode_tokens_per_s(model, batch=3, context=40, repeats=2)
     assert math.isfinite(speed) and speed > 0

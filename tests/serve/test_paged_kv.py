@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.paged_kv import (FREE, SHARED, BlockAllocator, PagedKVPool, block_table_grid,
@@ -17,7 +17,7 @@ from llm_anatomy.model.scratch import ScratchLlama
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 @pytest.fixture(scope="module")

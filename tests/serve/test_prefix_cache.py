@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.generate.decode import generate_greedy
@@ -19,7 +19,7 @@ COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 def test_keys_name_the_whole_prefix_up_to_their_block():

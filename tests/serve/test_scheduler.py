@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request, run_static
 from llm_anatomy.generate.decode import decode_step, generate_greedy, prefill
@@ -22,7 +22,7 @@ COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731  a clock that do
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_malformed_requests_are_refused(make, words):
 
 @pytest.mark.parametrize("request_, words", [
     (Request([5] * 60, 10), "more than the whole KV pool"),  # 70 positions, the pool holds 64
-    (Request([5] * 200, 100), "context"),  # the tiny model reads 256 positions
+    (Request([5] * 1000, 100), "context"),  # the tiny model reads 1,024 positions
     (Request([500, 6], 2), "vocabulary"),
     ("not a request", "Submit a Request"),
 ])

@@ -30,7 +30,40 @@ def test_a_failed_check_makes_the_run_fail(monkeypatch, tmp_path):
     assert gpu_checks.main(["--quick", "--device", "cpu"]) == 1
 
 
-def test_the_shell_script_runs_these_checks_and_propagates_failures():
-    script = (ROOT / "tools" / "gpu_check.sh").read_text()
-    assert "tools/gpu_checks.py" in script and "status=1" in script and 'exit "$status"' in script
-    assert "set -e" not in script.replace("set -uo pipefail", "")  # every part runs, then the status is reported
+FAKE_PYTHON = """#!/usr/bin/env bash
+# stands in for Python: records each call; fails the step named in $FAIL; answers "0" to the script's questions
+echo "$*" >> "$CALLS"
+case "$*" in
+  *"$FAIL"*) echo "pretend this step failed"; exit 1 ;;
+  -c*) echo 0 ;;
+esac
+exit 0
+"""
+
+
+def _run_script(tmp_path, fail: str):
+    import subprocess
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {"PATH": "/usr/bin:/bin", "PY": str(fake), "OUT": str(tmp_path / "out"), "CALLS": str(calls), "FAIL": fail}
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done, calls.read_text()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+@pytest.mark.parametrize("fail", ["tools/gpu_checks.py", "pytest"])
+def test_the_shell_script_runs_every_step_and_fails_when_one_does(tmp_path, fail):
+    done, calls = _run_script(tmp_path, fail)
+    assert done.returncode == 1 and "gpu_check: FAILED" in done.stdout
+    assert "tools/gpu_checks.py" in calls and "pytest tests/generate/test_decode.py" in calls  # both steps ran
+    assert "skipped: needs a CUDA GPU" in done.stdout  # the fake machine has no GPU: step 3 says so
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
+def test_the_shell_script_passes_when_every_step_does(tmp_path):
+    done, _ = _run_script(tmp_path, fail="nothing fails")
+    assert done.returncode == 0 and "gpu_check: all passed" in done.stdout

@@ -12,11 +12,11 @@ import pytest  # noqa: E402
 from llm_anatomy import CourseError  # noqa: E402
 from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
 from llm_anatomy.views.anatomy import draw_block_diagram, parameter_groups  # noqa: E402
-from tiny_models import tiny_llama  # noqa: E402
+from llm_anatomy.weights.random import random_llama  # noqa: E402
 
 
 def test_parameter_groups_count_each_tensor_once():
-    hf = tiny_llama()
+    hf = random_llama()
     groups = parameter_groups(hf)
     assert sum(groups.values()) == sum(p.numel() for p in hf.parameters())
     assert groups == parameter_groups(ScratchLlama.from_hf(hf))
@@ -34,7 +34,7 @@ def test_parameter_groups_refuse_an_unknown_parameter():
 
 
 def test_the_block_diagram_shows_the_shapes():
-    cfg = ScratchLlama.from_hf(tiny_llama()).cfg
+    cfg = ScratchLlama.from_hf(random_llama()).cfg
     ax = draw_block_diagram(cfg)
     texts = " ".join(t.get_text() for t in ax.texts)
     assert f"[1, seq, {cfg.hidden_size}]" in texts and f"repeated {cfg.num_layers} times" in texts

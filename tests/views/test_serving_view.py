@@ -7,7 +7,7 @@ import re
 import matplotlib
 import numpy as np
 import pytest
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 matplotlib.use("Agg")
 
@@ -23,7 +23,7 @@ COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 def test_block_grid_marks_owners_shared_cached_and_free():

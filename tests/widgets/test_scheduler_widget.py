@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.model.scratch import ScratchLlama
@@ -15,7 +15,7 @@ from llm_anatomy.widgets.scheduler import SchedulerWidget
 
 @pytest.fixture(scope="module")
 def tiny():
-    return ScratchLlama.from_hf(tiny_llama())
+    return ScratchLlama.from_hf(random_llama())
 
 
 @pytest.fixture

@@ -9,15 +9,15 @@ code, plus a few floats per group of weights that turn the codes back into numbe
 Decoding reads every weight once per token, so fewer bytes per weight means fewer bytes per token
 and a smaller download; the price is that each weight moves to the nearest value its group can store.
 The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves
-and measure the damage; 2. we time a real int8 matmul kernel (fewer bytes turn into less time only
-where a kernel reads the packed codes); 3. we quantize the KV cache.
+(measure/quality.py measures the damage: KL divergence, top-1 agreement, perplexity); 2. we time a real
+int8 matmul kernel (fewer bytes turn into less time only where a kernel reads the packed codes); 3. we
+quantize the KV cache.
 Sizes are in bytes, errors in the weights' own units, KL divergence in nats, times in seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -27,6 +27,8 @@ from torch import nn
 
 from ..device import timed
 from ..errors import CourseError
+from ..measure.quality import greedy_agreement, logit_kl, perplexity  # noqa: F401  notebook 09 reads them as q.*
+from ..weights.load import transformers_model
 
 # --------------------------------------------------------------------------- 1. quantizing weights ourselves
 
@@ -130,7 +132,9 @@ def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, inc
     The originals come back when the block ends, even after an error. Given a ScratchLlama, the
     transformers model it shares its weights with is never touched. Yields the number of weights changed.
     """
-    blocks = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", None)
+    module = transformers_model(model)
+    blocks = module.layers if hasattr(module, "layers") else getattr(module.get_decoder(), "layers", None) \
+        if hasattr(module, "get_decoder") else None  # a ScratchLlama's blocks, or a transformers model's
     if blocks is None:
         raise CourseError("Pass a ScratchLlama or a transformers Llama model: this one has no .layers.")
     linears = [module for module in blocks.modules() if isinstance(module, nn.Linear)]
@@ -148,57 +152,6 @@ def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, inc
     finally:
         for module, w in zip(linears, originals):
             module.weight = w
-
-
-def logit_kl(ref_logits: torch.Tensor, other_logits: torch.Tensor) -> float:
-    """KL(P_ref || P_other) of the next-token distributions in nats, averaged over positions.
-
-    Logits [batch, seq, vocab] (or [seq, vocab]), both the same shape. 0 means the same predictions.
-    """
-    if ref_logits.shape != other_logits.shape:
-        raise CourseError(f"Compare logits of one shape, not {tuple(ref_logits.shape)} and {tuple(other_logits.shape)}.")
-    ref, other = F.log_softmax(ref_logits.float(), dim=-1), F.log_softmax(other_logits.float(), dim=-1)
-    return (ref.exp() * (ref - other)).sum(dim=-1).mean().item()  # sum over the vocabulary, mean over positions
-
-
-def greedy_agreement(a_tokens, b_tokens) -> float:
-    """The fraction of positions where two token sequences (lists or tensors, same length) agree.
-
-    Free-running generations part for good at the first different token; comparing the top token at
-    each position of one given text (teacher forcing: logits.argmax(-1)) counts every position on its own.
-    """
-    a, b = torch.as_tensor(a_tokens).reshape(-1), torch.as_tensor(b_tokens).reshape(-1)
-    if a.numel() != b.numel() or a.numel() == 0:
-        raise CourseError(f"Compare two non-empty token sequences of one length, not {a.numel()} and {b.numel()}.")
-    return (a == b).float().mean().item()
-
-
-@torch.no_grad()
-def greedy_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
-    """The next `n` tokens of a ScratchLlama for ids [1, seq], each the most likely one (uses a KV cache)."""
-    if not hasattr(model, "new_cache"):
-        raise CourseError("greedy_tokens needs a ScratchLlama: build one with ScratchLlama.from_hf(model).")
-    cache = model.new_cache(1, ids.shape[1] + n)
-    logits = model(ids, cache=cache, logits_to_keep=1)  # [1, 1, vocab]: prefill
-    tokens = [int(logits[0, -1].argmax())]
-    while len(tokens) < n:  # decode: feed only the newest token
-        logits = model(torch.tensor([tokens[-1:]], device=ids.device), cache=cache, logits_to_keep=1)
-        tokens.append(int(logits[0, -1].argmax()))
-    return tokens
-
-
-@torch.no_grad()
-def perplexity(model, ids: torch.Tensor) -> float:
-    """exp(mean cross-entropy) of predicting each token from those before it; ids [1, seq] or [seq].
-
-    1 means certain of every token; guessing uniformly among V tokens scores V.
-    """
-    ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
-    if ids.shape[-1] < 2:
-        raise CourseError("Perplexity needs at least two tokens: one to read and one to predict.")
-    out = model(ids)
-    logits = getattr(out, "logits", out).float()[:, :-1]  # [batch, seq - 1, vocab]: each next-token prediction
-    return math.exp(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item())
 
 
 # --------------------------------------------------------------------------- 2. an int8 kernel

@@ -14,7 +14,11 @@ model itself would have chosen after draft i - 1:
 
 Drafts that need no second model: `PromptLookupDraft` copies what followed the latest earlier match of the
 last few tokens (texts that quote their input: edits, summaries, code); `LayerSkipDraft` runs the model with
-some of its layers left out. Both keep the interface draft(context, k) -> (tokens, q or None).
+some of its layers left out. Both keep the interface draft(context, k, settings, generator) -> (tokens, q or None).
+
+The verify pass is a `prefill` (generate/decode.py) that keeps the logits of every position it feeds, so a pass that
+fails leaves the cache as it was; every token is chosen by generate/sampling.py, the course's one sampler (so
+top-k and top-p work here too: p and q are then the filtered distributions, and the rule keeps p exactly).
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..generate.decode import prefill
 from ..device import timed
 from ..errors import CourseError
+from ..generate.decode import decode_step, prefill
+from ..generate.sampling import SamplingSettings, greedy, next_token_probs, sample_with
+from ..texts import python_topic
+
+GREEDY = SamplingSettings(temperature=0.0)
 
 # --------------------------------------------------------------------------- drafts
 
@@ -43,7 +51,7 @@ class PromptLookupDraft:
             raise CourseError(f"Use 1 <= min_ngram <= max_ngram, not {min_ngram} and {max_ngram}.")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def draft(self, context: list[int], k: int, temperature: float = 0.0, generator=None):
+    def draft(self, context: list[int], k: int, settings: SamplingSettings | None = None, generator=None):
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):  # latest match first, never the tail itself
@@ -73,21 +81,20 @@ class LayerSkipDraft:
         self.model.layers = nn.ModuleList(model.layers[i] for i in keep)
         self.keep, self.max_len, self.cache = keep, max_len, None
 
-    @torch.inference_mode()
-    def draft(self, context: list[int], k: int, temperature: float = 0.0, generator=None):
+    def draft(self, context: list[int], k: int, settings: SamplingSettings | None = None, generator=None):
+        settings = settings or GREEDY
         if self.cache is None or self.cache.max_len < len(context) + k:
             self.cache = self.model.new_cache(1, max(self.max_len or 0, 2 * (len(context) + k)))
         device = self.model.device
-        logits = self.model(torch.tensor([context[self.cache.length:]], device=device), cache=self.cache,
-                            logits_to_keep=1)[0, -1]  # catch up on the tokens it has not seen
+        out = prefill(self.model, torch.tensor([context[self.cache.length:]], device=device), self.cache)  # catch up
         tokens, probs = [], []
         for i in range(k):
-            token, q = _choose(logits, temperature, generator)
+            token, q = _choose(out.logits[0, -1], settings, generator)
             tokens.append(token)
             probs.append(q)
             if i < k - 1:
-                logits = self.model(torch.tensor([[token]], device=device), cache=self.cache, logits_to_keep=1)[0, -1]
-        return tokens, (torch.stack(probs) if temperature > 0 else None)
+                out = decode_step(self.model, torch.tensor([[token]], device=device), self.cache)
+        return tokens, (None if settings.greedy else torch.stack(probs))
 
     def rollback(self, valid: int) -> None:
         """Forget cached positions from `valid` on (drafts that the model rejected)."""
@@ -95,12 +102,13 @@ class LayerSkipDraft:
             self.cache.length = min(self.cache.length, valid)
 
 
-def _choose(logits: torch.Tensor, temperature: float, generator=None) -> tuple[int, torch.Tensor | None]:
-    """The next token from logits [vocab]: the argmax when temperature is 0, else a sample; and its distribution."""
-    if temperature <= 0:
-        return int(logits.argmax()), None
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator)), probs
+def _choose(logits: torch.Tensor, settings: SamplingSettings, generator=None) -> tuple[int, torch.Tensor | None]:
+    """The next token from logits [vocab] by the course's sampler, and the distribution it came from (None when
+    greedy: the choice is certain)."""
+    if settings.greedy:
+        return int(greedy(logits)), None
+    token, probs = sample_with(logits, settings, generator)
+    return int(token), probs
 
 
 # --------------------------------------------------------------------------- the rule
@@ -155,40 +163,45 @@ class SpeculativeResult:
 
 @torch.inference_mode()
 def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft, k: int = 4, *,
-                         temperature: float = 0.0, generator=None, eos_token_id: int | None = None) -> SpeculativeResult:
+                         temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, generator=None,
+                         eos_token_id: int | None = None) -> SpeculativeResult:
     """Generate `new_tokens` for one prompt [1, seq]: draft k tokens, verify them in one pass, keep the good ones.
 
-    temperature 0 is greedy (the same tokens as generate_greedy); above 0, samples from softmax(logits / T)
-    with the accept-or-resample rule. Stops after `eos_token_id` when given.
+    temperature 0 is greedy (the same tokens as generate_greedy); above 0, samples from the distribution
+    generate/sampling.py makes (temperature, then top-k, then top-p) with the accept-or-resample rule.
+    Stops after `eos_token_id` when given.
     """
+    settings = SamplingSettings(temperature, top_k, top_p)  # refuses bad settings before anything runs
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise CourseError(f"The draft length k must be a whole number, at least 1, not {k!r}.")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
         raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
         raise CourseError(f"Speculative decoding here runs one sequence: prompt_ids [1, seq], not {tuple(prompt_ids.shape)}.")
-    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator,
+    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, settings, generator,
                                               eos_token_id), prompt_ids.device)
     result.seconds = seconds
     return result
 
 
-def _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator, eos_token_id) -> SpeculativeResult:
+def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_token_id) -> SpeculativeResult:
     """speculative_generate's loop, its arguments checked."""
     context = prompt_ids[0].tolist()
     cache = model.new_cache(1, len(context) + new_tokens + 1)
-    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], temperature, generator)[0],
+    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], settings, generator)[0],
                              prompt_ids.device)
     result = SpeculativeResult([first], prefill_s=prefill_s)
+    draft.rollback(0)  # a new sequence: nothing the draft cached for an earlier one is valid
     while len(result.tokens) < new_tokens and result.tokens[-1] != eos_token_id:
         room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
         seen = context + result.tokens
-        drafts, q = draft.draft(seen, min(k, room), temperature, generator) if room else ([], None)
+        drafts, q = draft.draft(seen, min(k, room), settings, generator) if room else ([], None)
         drafts = drafts[:room]
         before = cache.length
         ids = torch.tensor([[result.tokens[-1]] + drafts], device=prompt_ids.device)  # [1, 1 + drafts]
-        logits = model(ids, cache=cache, logits_to_keep=ids.shape[1])[0]  # [1 + drafts, vocab]: one pass
-        kept, token = _verify(logits, drafts, q, temperature, generator)
+        # the verify pass: a prefill of the last token and the drafts that keeps every position's logits
+        logits = prefill(model, ids, cache, logits_to_keep=ids.shape[1]).logits[0]  # [1 + drafts, vocab]
+        kept, token = _verify(logits, drafts, q, settings, generator)
         cache.length = before + 1 + kept  # the last token and the kept drafts; the rest is overwritten later
         draft.rollback(len(seen) + kept)
         result.rounds += 1
@@ -203,19 +216,20 @@ def _generate(model, prompt_ids, new_tokens, draft, k, temperature, generator, e
     return result
 
 
-def _verify(logits, drafts, q, temperature, generator) -> tuple[int, int]:
+def _verify(logits, drafts, q, settings, generator) -> tuple[int, int]:
     """(how many drafts to keep, the token that follows them) from the model's logits [1 + drafts, vocab]."""
-    if temperature <= 0:  # greedy: keep the drafts while each is the model's own choice
-        choices = logits.argmax(dim=-1).tolist()  # [1 + drafts]: one read back to the host for the whole round
+    if settings.greedy:  # keep the drafts while each is the model's own choice
+        choices = greedy(logits).tolist()  # [1 + drafts]: one read back to the host for the whole round
         kept = next((i for i, x in enumerate(drafts) if x != choices[i]), len(drafts))
         return kept, choices[kept]
+    p_all = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p)  # [1 + drafts, vocab]
     for i, x in enumerate(drafts):
-        p = torch.softmax(logits[i].float() / temperature, dim=-1)
+        p = p_all[i]
         q_i = q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).to(p)
         accepted, token = accept_or_resample(p, q_i, torch.tensor([x], device=p.device), generator)
         if not bool(accepted[0]):
             return i, int(token[0])
-    return len(drafts), _choose(logits[len(drafts)], temperature, generator)[0]  # all kept: a bonus token from p
+    return len(drafts), _choose(logits[len(drafts)], settings, generator)[0]  # all kept: a bonus token from p
 
 
 # --------------------------------------------------------------------------- what to expect, and a test
@@ -237,37 +251,6 @@ def predicted_speedup(acceptance: float, k: int, verify_cost: float, draft_cost:
     return expected_tokens_per_round(acceptance, k) / (verify_cost + k * draft_cost)
 
 
-@dataclass
-class ChiSquared:
-    statistic: float
-    dof: int
-    p_value: float  # the chance of a statistic at least this large if the samples do follow the distribution
-
-
-def chi_squared_test(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> ChiSquared:
-    """Pearson's chi-squared test of token samples [n] against a distribution [vocab].
-
-    Tokens expected fewer than `min_expected` times are pooled into one bin, as the test requires.
-    """
-    n, probs = samples.numel(), probs.double().cpu()
-    counts = torch.bincount(samples.reshape(-1).cpu(), minlength=probs.numel()).double()
-    expected = probs * n
-    big = expected >= min_expected
-    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
-    wanted = torch.cat([expected[big], expected[~big].sum().view(1)])
-    if wanted[-1] < min_expected:  # too little left over for a bin of its own: fold it into the others' total
-        observed, wanted = observed[:-1], wanted[:-1]
-        observed[-1] += counts[~big].sum()
-        wanted[-1] += expected[~big].sum()
-    statistic = float(((observed - wanted) ** 2 / wanted).sum())
-    dof = observed.numel() - 1
-    if dof < 1:
-        raise CourseError("The test needs at least two bins: draw more samples, or use a less certain distribution.")
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                            torch.tensor(statistic / 2, dtype=torch.float64)))
-    return ChiSquared(statistic, dof, p_value)
-
-
 # --------------------------------------------------------------------------- a task whose answer copies its input
 
 TYPOS = {"evaluates": "evalutes", "remember": "remeber", "single": "singel", "recursively": "recursivly",
@@ -279,9 +262,7 @@ def editing_task(text: str | None = None) -> list[dict]:
     the prompt, which is what prompt lookup drafts from. By default, two paragraphs of Python's documentation
     (shipped with Python, so offline) with a few spelling mistakes put in."""
     if text is None:
-        from pydoc_data.topics import topics
-
-        doc = topics["assignment"]
+        doc = python_topic("assignment")
         start = doc.index("An assignment statement evaluates")
         text = doc[start:doc.index("The rules", start)].strip()
         for right, wrong in TYPOS.items():

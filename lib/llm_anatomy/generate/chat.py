@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CourseError
-from ..model.scratch import check_context
+from ..model.config import check_context
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> torch.Tensor:

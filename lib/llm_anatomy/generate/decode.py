@@ -5,10 +5,11 @@
     out = decode_step(model, token, cache)       # only the newest token; its K and V are appended
 
 `prefill` and `decode_step` are the two calls every part of the course makes: the generation session
-(generation.py), the benchmarks, the checks against transformers and the notebooks. `generate_greedy`
-strings them into a loop (and, with use_cache=False, shows what a model without a cache must do instead:
-run the whole sequence again at every step). `StaticDecoder` is the same decode step with fixed shapes,
-so that a CUDA graph can record it once and replay it (notebook 07 and the bench).
+(session.py), the benchmarks, the checks against transformers, speculative decoding (whose verify pass is a
+prefill that keeps the logits of every position it feeds) and the notebooks. `generate_greedy` strings them into a
+loop (and, with use_cache=False, shows what a model without a cache must do instead: run the whole sequence again
+at every step). `left_pad` makes one rectangle of prompts of different lengths. `StaticDecoder` is the same decode
+step with fixed shapes, so that a CUDA graph can record it once and replay it (notebook 07 and the bench).
 """
 
 from __future__ import annotations
@@ -20,34 +21,50 @@ import torch
 
 from ..device import timed as timed_call
 from ..errors import CourseError
-from ..model.kv_cache import KVCache
+from ..model.kv_cache import KVCache, KVCacheInterface
 
 
 @torch.inference_mode()
-def prefill(model, prompt_ids: torch.Tensor, cache: KVCache, *, attention_mask: torch.Tensor | None = None,
-            attention_layers=()):
+def prefill(model, prompt_ids: torch.Tensor, cache: KVCacheInterface, *, attention_mask: torch.Tensor | None = None,
+            attention_layers=(), logits_to_keep: int = 1):
     """Run the prompt `[batch, seq]` (or the next chunk of it) through the model, appending its K and V to `cache`.
 
-    Returns the model's output (llm_anatomy.model.scratch.ScratchOutput) with the logits of the last position only,
-    `[batch, 1, vocab]`, and the attention weights of `attention_layers`. A call that fails leaves the cache's
-    length as it was, so no half-written position is ever counted.
+    Returns the model's output (llm_anatomy.model.scratch.ScratchOutput) with the logits of the last
+    `logits_to_keep` positions, `[batch, logits_to_keep, vocab]` (0: every position), and the attention weights of
+    `attention_layers`. A call that fails leaves the cache's length as it was, so no half-written position is ever
+    counted.
     """
     length_before = cache.length
     try:
         return model.trace(prompt_ids, cache, attention_mask, keep_hidden=False, attention_layers=attention_layers,
-                           logits_to_keep=1)
+                           logits_to_keep=logits_to_keep)
     except Exception:
         cache.length = length_before
         raise
 
 
-def decode_step(model, token_ids: torch.Tensor, cache: KVCache, *, attention_layers=()):
+def decode_step(model, token_ids: torch.Tensor, cache: KVCacheInterface, *, attention_layers=()):
     """Feed only the newest token `[batch, 1]`: its K and V are appended to `cache`; logits `[batch, 1, vocab]`."""
     if token_ids.dim() != 2 or token_ids.shape[1] != 1:
         raise CourseError(f"A decode step feeds one token per sequence, [batch, 1], not {tuple(token_ids.shape)}.")
     if cache.length == 0:
         raise CourseError("The cache is empty: prefill the prompt before the first decode step.")
     return prefill(model, token_ids, cache, attention_layers=attention_layers)
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 0, device: torch.device | str | None = None):
+    """Prompts of different lengths as one rectangle: ids `[batch, longest]` with the padding in front, and the
+    attention mask `[batch, longest]` (1 = token, 0 = padding), the form transformers and our model read.
+
+    The padding goes in front (left) so that every prompt's last token sits in the last column, where decoding
+    continues. Which id pads does not matter: the mask hides it.
+    """
+    if not rows or not all(len(r) for r in rows):
+        raise CourseError("left_pad needs at least one prompt, and every prompt needs at least one token.")
+    longest = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (longest - len(r)) + list(r) for r in rows], device=device)  # [batch, longest]
+    mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows], device=device)  # [batch, longest]
+    return ids, mask
 
 
 @dataclass
@@ -117,40 +134,59 @@ def greedy_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_toke
 # --------------------------------------------------------------------------- the fixed-shape step (CUDA graphs)
 
 
-class _SlotWriter:
-    """The cache as a fixed-shape step sees it: the write position is a tensor, and attention reads every slot."""
+class SlotWriter:
+    """The cache as a fixed-shape step sees it (a KVCacheInterface): the write position is a tensor, `pos`, and
+    attention reads every one of the cache's `max_len` slots, the key mask hiding those not written yet.
+
+    To the model each step then looks the same: max_len - 1 earlier positions and one new token. Its RoPE position is
+    the count of real keys before it (slots 0 .. pos - 1), as it is for a left-padded prompt: `pos` itself.
+    """
 
     def __init__(self, cache: KVCache, pos: torch.Tensor):
         self.cache, self.pos = cache, pos
+        self.slots = torch.arange(cache.max_len, device=pos.device)  # [max_len]
+
+    @property
+    def length(self) -> int:
+        return self.cache.max_len - 1  # new: the step reads every slot, whichever are written
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    def key_mask(self, new: int, attention_mask=None) -> torch.Tensor:
+        return (self.slots <= self.pos).expand(self.batch_size, -1)  # new: [batch, max_len], True for written slots
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.cache.keys[layer].index_copy_(2, self.pos, k)  # new: the slot comes from a tensor, not a Python int
         self.cache.values[layer].index_copy_(2, self.pos, v)
         return self.cache.keys[layer], self.cache.values[layer]  # new: all max_len slots, the mask hides the unwritten
 
+    def advance(self, new: int) -> None:
+        self.pos.add_(new)  # new: on the device, so a replayed graph moves it too
+
 
 class StaticDecoder:
     """`decode_step` with fixed shapes, so that a CUDA graph can record it once and replay it with one launch.
 
     Eager PyTorch launches each small kernel from Python; for one token of a small model the GPU can wait
-    on those launches longer than it computes. What this adds over decode_step, and why:
+    on those launches longer than it computes. A recorded graph replays the kernels alone, so nothing that
+    changes from step to step may live in Python. What this adds over decode_step, and why:
     - the position lives in a tensor (`pos`), not a Python int, so the recorded graph stays valid;
-    - attention reads all `max_len` slots of the cache, with a key mask that hides the slots not yet written;
-    - cos/sin come from a table made once for every position.
-    The blocks themselves are the model's own `Block` modules: nothing of the model is written twice.
+    - attention reads all `max_len` slots of the cache, with a key mask that hides the slots not yet written
+      (the SlotWriter above);
+    - the step skips reading the token id back to check its range: the model chose it, so it is in range.
+    The forward pass is the model's own: nothing of the model is written twice.
     """
 
     def __init__(self, model, batch: int, max_len: int):
-        self.model, cfg = model, model.cfg
+        self.model = model
         self.cache = model.new_cache(batch, max_len)
         device = model.device
-        self.slots = torch.arange(max_len, device=device)  # [max_len]
-        self.cos, self.sin = model.rope(self.slots)  # [max_len, head_dim]
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [batch, 1] the newest token
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # where the newest token's K and V go
-        self.writer = _SlotWriter(self.cache, self.pos)
+        self.writer = SlotWriter(self.cache, self.pos)
         self.graph = None
-        self.head_dim = cfg.head_dim
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> None:
@@ -161,15 +197,8 @@ class StaticDecoder:
         self.pos.fill_(prompt_ids.shape[1])
 
     def _step(self) -> None:
-        m = self.model
-        cos, sin = self.cos.index_select(0, self.pos), self.sin.index_select(0, self.pos)  # [1, head_dim]
-        key_mask = (self.slots <= self.pos).expand(self.token.shape[0], -1)  # [batch, max_len]: written slots
-        x = m.embed_tokens(self.token)  # [batch, 1, hidden]
-        for block in m.layers:
-            x, _ = block(x, cos, sin, self.writer, key_mask)
-        logits = m.lm_head(m.norm(x))  # [batch, 1, vocab]
-        self.token.copy_(logits[:, -1:].argmax(-1))
-        self.pos.add_(1)
+        out = self.model.trace(self.token, self.writer, keep_hidden=False, logits_to_keep=1, check_range=False)
+        self.token.copy_(out.logits[:, -1:].argmax(-1))  # logits [batch, 1, vocab]
 
     @torch.inference_mode()
     def capture(self) -> None:

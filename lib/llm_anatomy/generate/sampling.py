@@ -114,17 +114,6 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log-probabilities of softmax(logits / T), in float32, safe for tiny T (no overflow, no NaN).
-
-    Subtracting the maximum first keeps every scaled value <= 0, so even T = 1e-30 gives a finite
-    result (the best token 0, the rest -inf). T = 0 is not allowed here; callers treat it as greedy.
-    """
-    x = logits.float()
-    x = (x - x.max(dim=-1, keepdim=True).values) / temperature
-    return torch.log_softmax(x, dim=-1)
-
-
 def _divide_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / T in float32: the scores transformers' TemperatureLogitsWarper gives.
 

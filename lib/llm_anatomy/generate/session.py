@@ -10,7 +10,7 @@ and chooses the next one. The newest token is chosen but not fed yet, so its log
 `resample(temperature=..., top_k=..., top_p=...)` draws the current token again from the same
 logits, without running the model. Generation stops at the end-of-turn token or the length limit.
 
-Every call returns a `StepResult` with what a view needs (token, candidates, cache size, time).
+Every call returns a `StepResult` (steps.py) with what a view needs (token, candidates, cache size, time).
 A refused call (CourseError) leaves the session exactly as it was.
 """
 
@@ -26,58 +26,10 @@ from .decode import decode_step, prefill
 from ..device import timed
 from ..errors import CourseError
 from .sampling import SamplingSettings, sample_with, seeded_generator
+from .steps import StepResult, top_candidates
 from ..model.scratch import ScratchLlama
 
 _KEEP = object()  # "leave this setting as it is" in resample()
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One possible next token: its id, text, probability after sampling filters, and raw probability (T=1)."""
-
-    token_id: int
-    text: str
-    prob: float
-    raw_prob: float
-
-
-@dataclass
-class StepResult:
-    """One generated token and the evidence around it.
-
-    index: 0 for the token chosen by prefill, then 1, 2, ...
-    fed_tokens: how many tokens this call ran through the model (prompt length for prefill, else 1)
-    candidates: the `top_n` most likely tokens at temperature 1, best first, each with its probability
-        after the filters (0 when temperature/top-k/top-p cut it); the chosen one is always among them,
-        added at the end if it ranks lower
-    cache_tokens / cache_bytes: positions and bytes of K and V in the cache after this call
-    cache_capacity_tokens / cache_capacity_bytes: what the preallocated cache holds at most
-    ms: wall time of this call in milliseconds (model + sampling)
-    attention: for `attention=(layer, head)`, the attention weights `[positions]` of the token fed
-        last over every position so far (None otherwise)
-    """
-
-    index: int
-    token_id: int
-    text: str
-    prob: float
-    candidates: list[Candidate]
-    fed_tokens: int
-    cache_tokens: int
-    cache_bytes: int
-    cache_capacity_tokens: int
-    cache_capacity_bytes: int
-    ms: float
-    settings: SamplingSettings
-    finished: bool = False
-    stop_reason: str | None = None  # "eos" or "length" once finished
-    attention: torch.Tensor | None = None
-    resampled: bool = False
-
-    @property
-    def chosen_rank(self) -> int:
-        """0 for the most likely candidate."""
-        return next(i for i, c in enumerate(self.candidates) if c.token_id == self.token_id)
 
 
 @dataclass
@@ -309,13 +261,7 @@ class GenerationSession:
         settings = settings or self.settings
         token, probs = sample_with(logits, settings, generator or self.generator)
         token = int(token)
-        raw = torch.softmax(logits, dim=-1)
-        # rank by the unfiltered probability: the filters keep that order, and the learner sees what they cut
-        top = torch.topk(raw, min(self.top_n, raw.numel())).indices.tolist()
-        if token not in top:
-            top.append(token)
-        texts = self.token_texts(top)
-        candidates = [Candidate(i, t, float(probs[i]), float(raw[i])) for i, t in zip(top, texts)]
+        candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts)
         if token in self.stop_ids:
             finished, reason = True, "eos"
         elif index + 1 >= limit:

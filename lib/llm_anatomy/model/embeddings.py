@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import CourseError
+from ..weights.load import transformers_model
 
 
 def embedding_table(model) -> torch.Tensor:
     """The input embedding table `[vocab, hidden]` of a transformers model, LoadedModel or ScratchLlama."""
-    model = getattr(model, "model", model) if not isinstance(model, torch.nn.Module) else model
+    model = transformers_model(model)
     if hasattr(model, "get_input_embeddings"):
         return model.get_input_embeddings().weight
     if hasattr(model, "embed_tokens"):
@@ -104,6 +105,6 @@ def pca_2d(vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def tied_embeddings(model) -> bool:
     """True when the output layer (LM head) uses the same storage as the input embedding table."""
-    model = getattr(model, "model", model) if not isinstance(model, torch.nn.Module) else model
+    model = transformers_model(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
     return head is not None and head.weight.data_ptr() == embedding_table(model).data_ptr()

@@ -3,19 +3,52 @@
 One preallocated tensor per layer for keys and one for values, `[batch, kv_heads, max_len, head_dim]`,
 and a length: how many positions are filled. Each forward pass writes its new positions at
 `length` in every layer, then advances `length` once.
+
+What the model asks of a cache has a name, `KVCacheInterface`: this contiguous KVCache implements it, and so do the
+paged caches of notebook 08 (serve/paged_kv.py) and the fixed slots that a CUDA graph replays (generate/decode.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from .config import attention_layout
 from ..errors import CourseError
+
+
+@runtime_checkable
+class KVCacheInterface(Protocol):
+    """What ScratchLlama asks of a cache in one forward pass, wherever the keys and values live.
+
+    length: the positions already cached, which the new ones follow (prefill and the speculative verify pass
+        rewind it after a failure or a rejected draft: `cache.length = n`).
+    batch_size: the sequences it holds, one per row of the input.
+    key_mask(new, attention_mask): before the blocks run, the keys the call adding `new` positions may attend to,
+        `[batch, length + new]` bool (False: padding), or None when every key may be read.
+    update(layer, k, v): in each layer, store the new keys and values `[batch, kv_heads, new, head_dim]` and give back
+        every key and value attention reads, `[batch, kv_heads, length + new, head_dim]`.
+    advance(new): after the last layer, count the new positions as cached.
+    """
+
+    length: int
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None: ...
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def advance(self, new: int) -> None: ...
 
 
 @dataclass
 class KVCache:
+    """The contiguous cache (a KVCacheInterface): every sequence reserves `max_len` positions up front."""
+
     keys: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
     values: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
     length: int = 0  # positions filled so far
@@ -116,10 +149,13 @@ def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, 
 def kv_layout(config) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) of a decoder config: what one position of the KV cache holds per K and V.
 
-    Reads transformers' names for Llama-family models (num_key_value_heads), GPT-2 (n_layer, n_head)
-    and Falcon (num_kv_heads, multi_query, new_decoder_architecture). MHA: kv_heads == heads;
-    GQA: fewer; MQA: one.
+    A Llama-family config (it names num_key_value_heads) is read as ScratchConfig.from_hf reads it (config.py, the
+    course's one config reader); other families by their own names: GPT-2 (n_layer, n_head) and Falcon
+    (num_kv_heads, multi_query, new_decoder_architecture). MHA: kv_heads == heads; GQA: fewer; MQA: one.
     """
+    if getattr(config, "num_key_value_heads", None) is not None:
+        layers, _, kv_heads, head_dim = attention_layout(config)
+        return layers, kv_heads, head_dim
     layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _first(config, "num_attention_heads", "n_head")
     if getattr(config, "model_type", None) == "falcon" or hasattr(config, "new_decoder_architecture"):

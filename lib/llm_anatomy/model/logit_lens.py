@@ -40,6 +40,7 @@ class LensRow:
     target_rank: int  # 0 = top
 
 
+@torch.no_grad()
 def logit_lens(model, input_ids: torch.Tensor, tokenizer=None, position: int = -1) -> list[LensRow]:
     """Read every layer of a ScratchLlama with the lens at `position` (batch 0).
 
@@ -64,6 +65,7 @@ class LensGrid:
     top_probabilities: torch.Tensor  # [layers + 1, seq]: its probability, 0-1 (on the CPU)
 
 
+@torch.no_grad()
 def lens_grid(model, input_ids: torch.Tensor, tokenizer=None, hidden_states=None, max_tokens: int = 64) -> LensGrid:
     """The logit lens at every layer and every position of batch 0 of a ScratchLlama.
 
@@ -75,9 +77,8 @@ def lens_grid(model, input_ids: torch.Tensor, tokenizer=None, hidden_states=None
                           "use a shorter prompt (or logit_lens for one position).")
     if hidden_states is None:
         hidden_states = model.trace(input_ids, keep_hidden=True).hidden_states
-    with torch.no_grad():
-        stream = torch.stack([h[0] for h in hidden_states])  # [layers + 1, seq, hidden]
-        probs = torch.softmax(model.lm_head(model.norm(stream)).float(), dim=-1)  # [layers + 1, seq, vocab]
-        top_p, top_id = probs.max(dim=-1)
+    stream = torch.stack([h[0] for h in hidden_states])  # [layers + 1, seq, hidden]
+    probs = torch.softmax(model.lm_head(model.norm(stream)).float(), dim=-1)  # [layers + 1, seq, vocab]
+    top_p, top_id = probs.max(dim=-1)
     decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
     return LensGrid([[decode(int(i)) for i in row] for row in top_id.tolist()], top_p.cpu())

@@ -1,11 +1,12 @@
 """The Llama-family model from scratch, in plain PyTorch, running the real weights.
 
-Read it top to bottom: a config, then small modules named after what they are (RMSNorm, MLP,
-Attention, Block), then the model. `ScratchLlama.from_hf(hf_model)` takes the weights of a loaded
-transformers model (shared, not copied) and checks every shape. Calling the model on token ids
-gives logits `[batch, seq, vocab]`; `trace(...)` also gives each layer's residual stream and,
-for the layers you ask for, the attention weights. A KVCache from `new_cache()` makes decoding
-feed only the newest token (notebook 06 explains it).
+Read it top to bottom: small modules named after what they are (RMSNorm, MLP, Attention, Block), then the model;
+its numbers come from a ScratchConfig (config.py). `ScratchLlama.from_hf(hf_model)` takes the weights of a loaded
+transformers model (shared, not copied) and checks every shape. Calling the model on token ids gives logits
+`[batch, seq, vocab]`; `trace(...)` also gives each layer's residual stream and, for the layers you ask for, the
+attention weights. A KVCache from `new_cache()` makes decoding feed only the newest token (notebook 06); any cache
+with its interface (kv_cache.KVCacheInterface) works the same way. Like transformers' model, ours is differentiable;
+the inference paths (generate/decode.py) run it under torch.inference_mode.
 """
 
 from __future__ import annotations
@@ -15,44 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .attention import attention, attention_probabilities
+from .attention import attention, kv_head_of
+from .config import ScratchConfig, check_context
 from ..errors import CourseError
-from .kv_cache import KVCache
+from .kv_cache import KVCache, KVCacheInterface
 from ..weights.load import transformers_model
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
-
-
-@dataclass
-class ScratchConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool = True
-
-    @classmethod
-    def from_hf(cls, config) -> "ScratchConfig":
-        """Read the numbers we need from a transformers Llama-family config."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise CourseError(f"This from-scratch model implements plain RoPE, not {rope['rope_type']!r} scaling.")
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        if head_dim % 2:
-            raise CourseError(f"head_dim must be even for RoPE (it rotates pairs); this config has {head_dim}.")
-        return cls(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                   intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
-                   num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=head_dim, rope_theta=float(theta), rms_norm_eps=config.rms_norm_eps,
-                   max_position_embeddings=config.max_position_embeddings,
-                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
 
 
 class RMSNorm(nn.Module):
@@ -93,7 +62,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, key_mask=None, return_weights=False):
+    def forward(self, x, cos, sin, cache: KVCacheInterface | None = None, key_mask=None, return_weights=False):
         b, s, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(b, s, self.cfg.num_heads, d).transpose(1, 2)  # [b, heads, s, d]
@@ -102,6 +71,13 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # all positions so far: [b, kv_heads, past + s, d]
+        # Grouped-query attention: each KV head serves n_rep = heads // kv_heads query heads. The plain way, which
+        # transformers' eager attention takes, copies each KV head for its group and then attends head by head:
+        #     n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
+        #     out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))   # k, v: [b, heads, past + s, d]
+        # attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
+        # rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
+        # would triple it here.
         out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
         out, weights = out if return_weights else (out, None)
         out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
@@ -137,6 +113,7 @@ class ScratchLlama(nn.Module):
 
     def __init__(self, cfg: ScratchConfig):
         super().__init__()
+        cfg.check_runnable()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
@@ -156,7 +133,7 @@ class ScratchLlama(nn.Module):
         cfg = ScratchConfig.from_hf(hf_model.config)
         with torch.device("meta"):  # no memory and no random init: the real weights come next
             ours = cls(cfg)
-        theirs = hf_model.state_dict()
+        theirs = hf_model.state_dict(keep_vars=True)  # the Parameters themselves: one tensor, one gradient
         weights = {}
         for name, param in ours.named_parameters():
             key = "lm_head.weight" if name == "lm_head.weight" else f"model.{name}"
@@ -165,6 +142,7 @@ class ScratchLlama(nn.Module):
             if theirs[key].shape != param.shape:
                 raise CourseError(f"Shape mismatch for {name}: ours {tuple(param.shape)}, "
                                   f"theirs {tuple(theirs[key].shape)}.")
+            param.requires_grad_(theirs[key].requires_grad)  # assign gives their tensor this flag: keep theirs
             weights[name] = theirs[key]
         ours.load_state_dict(weights, strict=False, assign=True)  # assign: share the storage, no copy
         if cfg.tie_word_embeddings:
@@ -185,7 +163,7 @@ class ScratchLlama(nn.Module):
         return KVCache.allocate(cfg.num_layers, batch_size, cfg.num_kv_heads, max_len or cfg.max_position_embeddings,
                                 cfg.head_dim, dtype=self.dtype, device=self.device)
 
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+    def forward(self, input_ids: torch.Tensor, cache: KVCacheInterface | None = None,
                 attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits `[batch, seq, vocab]` for token ids `[batch, seq]`; with a cache, appends to it.
 
@@ -194,17 +172,18 @@ class ScratchLlama(nn.Module):
         """
         return self.trace(input_ids, cache, attention_mask, keep_hidden=False, logits_to_keep=logits_to_keep).logits
 
-    @torch.no_grad()
-    def trace(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+    def trace(self, input_ids: torch.Tensor, cache: KVCacheInterface | None = None,
               attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True,
-              attention_layers=(), logits_to_keep: int = 0) -> ScratchOutput:
+              attention_layers=(), logits_to_keep: int = 0, check_range: bool = True) -> ScratchOutput:
         """Run the model and keep what the notebooks look at.
 
         attention_mask: optional `[batch, past + seq]` of 1 (token) and 0 (left padding), as in transformers.
         keep_hidden: keep the residual stream `[batch, seq, hidden]` before the first block and after each.
         attention_layers: layers whose attention weights to keep (computing them costs memory).
+        check_range: False skips reading the ids back to check that they are in the vocabulary; the fixed-shape
+            decode step feeds only ids the model chose itself, and a read back to the host would break its CUDA graph.
         """
-        self._check_ids(input_ids)
+        self._check_ids(input_ids, check_range)
         b, s = input_ids.shape
         past = cache.length if cache is not None else 0
         check_context(past + s, self.cfg.max_position_embeddings)
@@ -215,10 +194,8 @@ class ScratchLlama(nn.Module):
                               f"not {tuple(attention_mask.shape)}.")
         if attention_mask is not None:
             attention_mask = attention_mask.to(input_ids.device)  # a mask made on the CPU for ids on a GPU
-        if cache is not None:
-            key_mask = cache.key_mask(s, attention_mask)  # the cache keeps track of padding itself
-        else:
-            key_mask = None if attention_mask is None else attention_mask.bool()
+        key_mask = cache.key_mask(s, attention_mask) if cache is not None else (  # a cache keeps track of padding
+            None if attention_mask is None else attention_mask.bool())
         cos, sin = self.rope(self._positions(key_mask, past, s, input_ids.device))
         x = self.embed_tokens(input_ids)  # [b, s, hidden]
         out = ScratchOutput(logits=x)
@@ -256,7 +233,7 @@ class ScratchLlama(nn.Module):
             return torch.arange(past, past + s, device=device)
         return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
-    def _check_ids(self, input_ids: torch.Tensor) -> None:
+    def _check_ids(self, input_ids: torch.Tensor, check_range: bool = True) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise CourseError(f"input_ids must be a tensor of shape [batch, seq], not {shape}: "
@@ -266,56 +243,57 @@ class ScratchLlama(nn.Module):
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise CourseError(f"input_ids must be integer token ids, not {input_ids.dtype}.")
         # the range check reads the ids back from the device: skip it for one-token decode steps on a GPU
-        if input_ids.device.type == "cpu" or input_ids.shape[1] > 1:
+        if check_range and (input_ids.device.type == "cpu" or input_ids.shape[1] > 1):
             if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size:
                 raise CourseError(f"input_ids must be integer token ids from 0 to {self.cfg.vocab_size - 1}.")
 
     @torch.no_grad()
     def attention_weights(self, input_ids: torch.Tensor, layer: int, head: int | None = None,
                           attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention weights of one layer, running only the blocks before it (no cache, no logits).
+        """The attention weights of one layer, as its own attention computed them in one forward pass (no cache).
 
         Returns `[batch, heads, seq, seq]`, or `[batch, seq, seq]` for one `head`; each row sums to 1
-        (a padding query's row is all zeros). Only the chosen layer's weights are ever materialised.
+        (a padding query's row is all zeros). Only the chosen layer's weights are kept.
         """
-        self._check_ids(input_ids)
         cfg = self.cfg
-        if not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
             raise CourseError(f"layer must be a whole number from 0 to {cfg.num_layers - 1}, not {layer!r}.")
-        if head is not None and (not isinstance(head, int) or not 0 <= head < cfg.num_heads):
+        if head is not None and (isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < cfg.num_heads):
             raise CourseError(f"head must be a whole number from 0 to {cfg.num_heads - 1}, not {head!r}.")
-        b, s = input_ids.shape
-        check_context(s, cfg.max_position_embeddings)
-        if attention_mask is not None and attention_mask.shape != (b, s):
-            raise CourseError(f"attention_mask must be [batch, seq] = {(b, s)}, not {tuple(attention_mask.shape)}.")
-        key_mask = None if attention_mask is None else attention_mask.to(input_ids.device).bool()
-        cos, sin = self.rope(self._positions(key_mask, 0, s, input_ids.device))
-        x = self.embed_tokens(input_ids)  # [b, s, hidden]
-        for block in self.layers[:layer]:
-            x, _ = block(x, cos, sin, None, key_mask)
-        attn = self.layers[layer].self_attn
-        h = self.layers[layer].input_layernorm(x)
-        d, heads, kv_heads = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        if head is None:
-            q_weight, k_weight, q_heads, k_heads = attn.q_proj.weight, attn.k_proj.weight, heads, kv_heads
-        else:  # only the rows of the chosen query head and of the KV head its group reads
-            kv = head // (heads // kv_heads)
-            q_weight, k_weight = attn.q_proj.weight[head * d:(head + 1) * d], attn.k_proj.weight[kv * d:(kv + 1) * d]
-            q_heads, k_heads = 1, 1
-        q = (h @ q_weight.T).view(b, s, q_heads, d).transpose(1, 2)  # [b, q_heads, s, d]
-        k = (h @ k_weight.T).view(b, s, k_heads, d).transpose(1, 2)  # [b, k_heads, s, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        weights = attention_probabilities(q, k, causal=True, key_mask=key_mask)  # [b, q_heads, s, s]
-        return weights if head is None else weights[:, 0]
-
-
-def check_context(positions: int, context: int) -> None:
-    """Refuse a call that needs more positions than the model's context (the one place this is checked)."""
-    if positions > context:
-        raise CourseError(f"{positions} positions exceed the model's context of {context} tokens (it reads at most "
-                          f"{context}): shorten the prompt or ask for fewer new tokens.")
+        out = self.trace(input_ids, attention_mask=attention_mask, keep_hidden=False, attention_layers=(layer,),
+                         logits_to_keep=1)
+        weights = out.attentions[layer]  # [batch, heads, seq, seq]
+        return weights if head is None else weights[:, head]
 
 
 def as_scratch(model) -> ScratchLlama:
     """A ScratchLlama for a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared)."""
     return model if isinstance(model, ScratchLlama) else ScratchLlama.from_hf(model)
+
+
+@dataclass
+class HeadAttention:
+    """One head's attention over one prompt: what the attention explorer draws (views/attention.py)."""
+
+    ids: list[int]  # the prompt's token ids, cut to max_tokens
+    weights: torch.Tensor  # [seq, seq] float32 on the CPU: row = query (the token looking), column = key
+    layer: int
+    head: int
+    kv_head: int  # the KV head this query head reads (GQA)
+    note: str = ""  # why the prompt was cut, when it was
+
+
+def head_attention(model, tokenizer, prompt: str, layer: int, head: int, max_tokens: int = 64) -> HeadAttention:
+    """The attention weights of `head` in `layer` for `prompt` (its first `max_tokens` tokens), batch of one.
+
+    model: a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared).
+    """
+    scratch = as_scratch(model)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise CourseError("Type a prompt first: the explorer needs some text to look at.")
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    note = f"The prompt has {len(ids)} tokens; showing the first {max_tokens}." if len(ids) > max_tokens else ""
+    ids = ids[:max_tokens]
+    weights = scratch.attention_weights(torch.tensor([ids], device=scratch.device), layer, head)  # [1, seq, seq]
+    kv_head = kv_head_of(head, scratch.cfg.num_heads, scratch.cfg.num_kv_heads)
+    return HeadAttention(ids, weights[0].float().cpu(), layer, head, kv_head, note)

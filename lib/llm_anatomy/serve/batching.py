@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generate.decode import decode_step, prefill
+from ..generate.decode import decode_step, left_pad, prefill
 from ..device import timed
 from ..errors import CourseError
 
@@ -136,8 +136,7 @@ def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
         while queue and len(batch) < max_batch and queue[0].arrival_s <= engine.now:
             batch.append(queue.popleft())
         longest, steps = max(len(r.prompt) for r in batch), max(r.max_new_tokens for r in batch)
-        ids = torch.tensor([[0] * (longest - len(r.prompt)) + r.prompt for r in batch], device=device)  # left pad
-        mask = torch.tensor([[0] * (longest - len(r.prompt)) + [1] * len(r.prompt) for r in batch], device=device)
+        ids, mask = left_pad([r.prompt for r in batch], device=device)  # [rows, longest] each
         cache = model.new_cache(len(batch), longest + steps)
         for slot, r in enumerate(batch):
             r.slot, r.admitted_s = slot, engine.now

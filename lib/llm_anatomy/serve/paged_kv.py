@@ -122,7 +122,7 @@ class PagedKVPool:
 
 
 class PagedSequenceCache:
-    """One batch of sequences in a PagedKVPool, with the interface ScratchLlama expects of a cache.
+    """One batch of sequences in a PagedKVPool: a KVCacheInterface (model/kv_cache.py), as ScratchLlama expects.
 
     Kept simple: every sequence of the batch has the same `length` (ScratchLlama has one position
     counter for the batch), and padding is not supported (`padded` is False, `pad_mask` is None,

@@ -23,7 +23,7 @@ from collections import deque
 import torch
 
 from .batching import Engine, Request
-from ..generate.decode import decode_step, prefill
+from ..generate.decode import decode_step, left_pad, prefill
 from ..errors import CourseError
 from .paged_kv import PagedKVPool
 from .prefix_cache import PrefixCache
@@ -52,7 +52,7 @@ def admit(arrivals: list[float], blocks_needed: list[int], running: int, free_bl
 
 
 class RaggedPagedView:
-    """One model call over rows of different lengths in a PagedKVPool: the cache interface ScratchLlama expects.
+    """One model call over rows of different lengths in a PagedKVPool: a KVCacheInterface (model/kv_cache.py).
 
     Row i has `lengths[i]` positions cached (in the blocks of `tables[i]`) and adds `news[i]` new ones (a decode: 1;
     a prompt chunk: more). Each row's positions are right-aligned in one rectangle and its front is padding, which
@@ -160,9 +160,7 @@ class ContinuousScheduler(Engine):
             produced += self._advance(decoders, [1] * len(decoders), out)
         if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
             rows, news = [r for r, _ in chunks], [n for _, n in chunks]
-            width = max(news)
-            ids = torch.tensor([[0] * (width - n) + r.tokens[r.computed:r.computed + n] for r, n in chunks],
-                               device=device)  # [rows, width]
+            ids, _ = left_pad([r.tokens[r.computed:r.computed + n] for r, n in chunks], device=device)  # [rows, width]
             view = RaggedPagedView(self.pool, [r.blocks for r in rows], [r.computed for r in rows], news)
             out = self._call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view))
             produced += self._advance(rows, news, out)

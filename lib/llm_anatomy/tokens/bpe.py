@@ -29,6 +29,7 @@ from .bpe_train import (LearnedMerge, hf_trained_merges, hf_trained_tokenizer, m
 from ..errors import CourseError
 from .pretokenize import (GPT2_SPLIT_PATTERN, PreSplitter, bytes_to_unicode, special_token_pattern,  # noqa: F401
                           split_special, token_text_to_bytes, utf8_bytes)
+from ..texts import load_corpus  # noqa: F401  the corpus lives with every course text; notebook 01 calls bpe.load_corpus()
 
 _CACHE_LIMIT = 200_000  # chunk -> ids entries kept by encode() before the cache is emptied
 
@@ -254,13 +255,6 @@ class BPETokenizer:
                 run.append(i)
         out.append(self.decode_bytes(run).decode("utf-8", errors="replace"))
         return "".join(out)
-
-
-def load_corpus(name: str = "python_docs_topics.txt") -> str:
-    """The training corpus from data/ (by default Python's own documentation topics, about 467 KB)."""
-    from ..paths import data_path
-
-    return data_path(name).read_text(encoding="utf-8")
 
 
 def learned_merges(tokenizer: BPETokenizer) -> list[tuple[bytes, bytes]]:

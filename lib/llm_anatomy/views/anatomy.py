@@ -8,11 +8,13 @@ model's parameters by role, each tensor once (a tied LM head is the embedding ta
 from __future__ import annotations
 
 from ..errors import CourseError
+from ..model.config import ScratchConfig
+from ..weights.load import transformers_model
 
 
 def parameter_groups(model) -> dict[str, int]:
     """Parameters by role: {'embedding (= LM head, tied)', 'attention', 'MLP', 'norms'} -> count (each tensor once)."""
-    module = getattr(model, "model", model) if not hasattr(model, "named_parameters") else model
+    module = transformers_model(model)
     groups = {"embedding (= LM head, tied)": 0, "attention": 0, "MLP": 0, "norms": 0}
     for name, param in module.named_parameters():  # shared tensors are listed once
         if "embed_tokens" in name or "lm_head" in name:
@@ -30,12 +32,9 @@ def parameter_groups(model) -> dict[str, int]:
 
 
 def _numbers(cfg) -> dict:
-    get = lambda *names: next(getattr(cfg, n) for n in names if getattr(cfg, n, None) is not None)  # noqa: E731
-    heads = get("num_heads", "num_attention_heads")
-    return dict(vocab=get("vocab_size"), hidden=get("hidden_size"), wide=get("intermediate_size"),
-                layers=get("num_layers", "num_hidden_layers"), heads=heads,
-                kv=get("num_kv_heads", "num_key_value_heads"),
-                head_dim=getattr(cfg, "head_dim", None) or get("hidden_size") // heads)
+    cfg = cfg if isinstance(cfg, ScratchConfig) else ScratchConfig.from_hf(cfg)  # the one config reader
+    return dict(vocab=cfg.vocab_size, hidden=cfg.hidden_size, wide=cfg.intermediate_size, layers=cfg.num_layers,
+                heads=cfg.num_heads, kv=cfg.num_kv_heads, head_dim=cfg.head_dim)
 
 
 def draw_block_diagram(cfg, ax=None):

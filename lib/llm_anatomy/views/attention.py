@@ -1,9 +1,8 @@
 """The attention explorer's view: one layer, one head, one prompt, drawn as a heatmap.
 
-`attention_view(model, tokenizer, prompt, layer, head)` runs the blocks before `layer`, then
-computes the weights of the chosen head only (its query rows and the key rows of the KV head it
-shares under GQA), never the other layers' weights. Long prompts are cut to `max_tokens`.
-`draw_attention` draws a weight matrix as a labelled heatmap.
+The numbers come from `llm_anatomy.model.scratch.head_attention` (one forward pass of the model, the chosen
+layer's weights kept); this module only labels and draws them. `attention_view(result, tokenizer)` labels a
+HeadAttention's tokens, `draw_attention` draws a weight matrix as a labelled heatmap, `heatmap_png` a view as a PNG.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CourseError
-from ..model.scratch import as_scratch
+from ..model.scratch import HeadAttention
 from .labels import token_labels
 
 MAX_TOKENS = 64  # longer prompts are cut: a 64 x 64 heatmap is still readable
@@ -33,26 +31,10 @@ class AttentionView:
         return f"layer {self.layer}, head {self.head} (reads KV head {self.kv_head})"
 
 
-def attention_view(model, tokenizer, prompt: str, layer: int, head: int,
-                   max_tokens: int = MAX_TOKENS) -> AttentionView:
-    """The attention weights of `head` in `layer` for `prompt` (batch of one), as an AttentionView."""
-    scratch = as_scratch(model)
-    cfg = scratch.cfg
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise CourseError("Type a prompt first: the explorer needs some text to look at.")
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
-        raise CourseError(f"layer must be from 0 to {cfg.num_layers - 1}, not {layer!r}.")
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < cfg.num_heads:
-        raise CourseError(f"head must be from 0 to {cfg.num_heads - 1}, not {head!r}.")
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
-    note = ""
-    if len(ids) > max_tokens:
-        note = f"The prompt has {len(ids)} tokens; showing the first {max_tokens}."
-        ids = ids[:max_tokens]
-    input_ids = torch.tensor([ids], device=scratch.device)
-    weights = scratch.attention_weights(input_ids, layer, head)[0].float().cpu()  # [seq, seq]
-    return AttentionView(token_labels(tokenizer, ids), weights, layer, head,
-                         head // (cfg.num_heads // cfg.num_kv_heads), note)
+def attention_view(result: HeadAttention, tokenizer) -> AttentionView:
+    """A HeadAttention with a readable label for each of its tokens, ready to draw."""
+    return AttentionView(token_labels(tokenizer, result.ids), result.weights, result.layer, result.head,
+                         result.kv_head, result.note)
 
 
 def draw_attention(weights: torch.Tensor, tokens: list[str], ax=None, title: str = ""):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import statistics
 
-from ..generate.session import StepResult
+from ..generate.steps import StepResult
 from .labels import token_label
 
 _MONO = "font-family:ui-monospace,Menlo,Consolas,monospace"

@@ -110,7 +110,9 @@ def load_model(name: str | None = None, device: str | torch.device = "auto",
         with config.json and safetensors.
     device: "auto" (CUDA, then MPS, then CPU), or "cpu", "cuda", "mps".
     dtype: defaults to fp32 on the CPU and bf16/fp16 on a GPU.
-    Returns a LoadedModel (model in eval mode, tokenizer, config, device, dtype, name).
+    Returns a LoadedModel (model in eval mode, tokenizer, config, device, dtype, name). The weights are frozen
+    (requires_grad False): inference needs no gradient, so a direct call records no autograd graph. The model is
+    still differentiable: `loaded.model.requires_grad_(True)` before taking a gradient or training.
     """
     if name is not None and not isinstance(name, str):
         raise CourseError(f"The model name must be a string or None, not {type(name).__name__}.")
@@ -179,7 +181,7 @@ def _load_folder(folder: Path, device: torch.device, dtype: torch.dtype):
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval().requires_grad_(False), tokenizer  # frozen: see load_model
 
 
 def _finish(model_and_tokenizer, label: str) -> LoadedModel:

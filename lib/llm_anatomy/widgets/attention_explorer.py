@@ -1,7 +1,8 @@
 """The attention explorer: type a prompt, pick a layer and a head, see who attends to whom.
 
-A thin shell over `llm_anatomy.views.attention`: each change computes the chosen layer and head
-only, draws a labelled heatmap into an Image, and shows errors in the widget's own error line.
+A thin shell over one pure function and one view: each change runs `model.scratch.head_attention` (one forward
+pass, the chosen layer's weights kept), draws it with `views.attention` into an Image, and shows errors in the
+widget's own error line.
 
 CSS classes: root `la-attention`; parts `la-attention-prompt` (Textarea), `la-attention-show`
 (Button), `la-attention-layer` and `la-attention-head` (IntSliders), `la-attention-heatmap`
@@ -16,7 +17,7 @@ import html
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..model.scratch import as_scratch
+from ..model.scratch import as_scratch, head_attention
 from ..views.attention import MAX_TOKENS, AttentionView, attention_view, heatmap_png
 from .base import ErrorLine, guarded
 
@@ -62,8 +63,9 @@ class AttentionExplorer(W.VBox):
     @guarded
     def show(self) -> AttentionView:
         """Compute and draw the current prompt, layer and head; on a bad input keep the last picture."""
-        view = attention_view(self.model, self.tokenizer, self.prompt_box.value, self.layer_slider.value,
-                              self.head_slider.value, max_tokens=self.max_tokens)
+        result = head_attention(self.model, self.tokenizer, self.prompt_box.value, self.layer_slider.value,
+                                self.head_slider.value, max_tokens=self.max_tokens)
+        view = attention_view(result, self.tokenizer)
         png = heatmap_png(view)
         self.view = view
         self.heatmap.value = png

@@ -23,7 +23,7 @@ TARGETS = {"encode_ratio_max": 20.0, "train_1000_merges_s_max": 30.0, "playgroun
 
 def bench_text(n_bytes: int = 1_000_000) -> str:
     """About `n_bytes` of text built from the corpus (see the module docstring)."""
-    from ...tokens.bpe import load_corpus
+    from ...texts import load_corpus
 
     corpus = load_corpus()
     text = "\n".join([corpus, corpus.upper(), corpus.swapcase()])
@@ -42,7 +42,8 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from ...tokens.bpe import BPETokenizer, hf_trained_merges, learned_merges, load_corpus
+    from ...texts import load_corpus
+    from ...tokens.bpe import BPETokenizer, hf_trained_merges, learned_merges
     from ...weights.cache import fetch_default_model
 
     reference = AutoTokenizer.from_pretrained(fetch_default_model())

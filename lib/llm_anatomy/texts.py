@@ -1,0 +1,49 @@
+"""Every text the course reads, from one place. All of it ships with Python or with the repository, so all of it
+works offline.
+
+    load_corpus()                the corpus notebook 01 trains its BPE on: data/python_docs_topics.txt (about 467 KB)
+    python_topic("assignment")   one of Python's documentation topics (`pydoc_data.topics`, the pages help() shows)
+    python_topics("truth")       every topic, that one first: as much real English text as a check needs
+    PROMPTS, STORY_REQUEST       the short prompts the exactness check runs (python -m llm_anatomy check)
+
+The corpus file holds the same topics saved once (data/make_corpus.py), so that every Python version trains on the same
+text; the topics themselves come from the running Python and can differ a little between versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .errors import CourseError
+from .paths import data_path
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
+           "Once upon a time, in a small village by the sea, there lived a"]
+STORY_REQUEST = "Write a short story about a robot who learns to paint."
+
+
+def load_corpus(name: str = "python_docs_topics.txt") -> str:
+    """A text file from data/ (by default the BPE corpus: Python's documentation topics, about 467 KB)."""
+    return data_path(name).read_text(encoding="utf-8")
+
+
+def _topics() -> dict[str, str]:
+    from pydoc_data.topics import topics
+
+    return topics
+
+
+def python_topic(name: str) -> str:
+    """The documentation topic `name` as the running Python ships it (e.g. "assignment", "truth")."""
+    topics = _topics()
+    if name not in topics:
+        raise CourseError(f"Python's documentation has no topic {name!r}; some that it has: "
+                          f"{', '.join(sorted(topics)[:5])}.")
+    return topics[name]
+
+
+def python_topics(first: str = "assignment") -> Iterator[str]:
+    """Every documentation topic, `first` first and then the others sorted by name."""
+    yield python_topic(first)
+    topics = _topics()
+    yield from (topics[name] for name in sorted(topics) if name != first)
