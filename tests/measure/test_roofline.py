@@ -62,3 +62,18 @@ def test_materialized_scores_add_their_traffic(tiny_model):
         forward_work(cfg, new_tokens=0)
 
 
+
+
+def test_ridge_batch_is_where_decode_crosses_the_ridge():
+    from transformers import LlamaConfig
+
+    from llm_anatomy.measure.roofline import ridge_batch
+    from llm_anatomy.weights.random import RANDOM_SHAPES
+
+    smol = ScratchConfig.from_hf(LlamaConfig(**RANDOM_SHAPES["135m"]))  # SmolLM2-135M's shape
+    for ridge, size in ((6.0, 4), (150.0, 2), (25.0, 2)):
+        b = ridge_batch(smol, 16, size, ridge)
+        assert forward_work(smol, 1, 16, b, size).intensity >= ridge  # reached at b ...
+        assert forward_work(smol, 1, 16, b - 1, size).intensity < ridge  # ... and not one sooner
+    assert ridge_batch(smol, 100_000, 2, 500.0) is None  # a long context: the cache keeps every batch below it
+    assert ridge_batch(smol, 16, 2, 500.0) > ridge_batch(smol, 16, 2, 50.0)  # a higher ridge needs a bigger batch
