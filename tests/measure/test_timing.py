@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.measure.timing import (NOISY_SPREAD, Timing, end_to_end_s, inter_token_gaps_s, mean_token_gap_s,
-                                        median_decode_step_s, time_generation, time_interleaved, time_it,
-                                        time_to_first_token_s)
+from llm_anatomy.measure.timing import (NOISY_SPREAD, Timing, decode_tokens_per_s, end_to_end_s, inter_token_gaps_s,
+                                        mean_token_gap_s, median_decode_step_s, time_generation, time_interleaved,
+                                        time_it, time_to_first_token_s)
 from llm_anatomy.model.scratch import ScratchLlama
 
 
@@ -90,3 +90,8 @@ def test_time_generation_gives_ttft_and_tpot(tiny_model):
     assert single.tpot_s == median_decode_step_s(single.step_seconds[1:])  # the last run's steps, one run
     with pytest.raises(CourseError, match="at least 2 new tokens"):
         time_generation(model, ids, new_tokens=1)
+
+
+def test_decode_speed_is_a_positive_rate(tiny_model):
+    speed = decode_tokens_per_s(ScratchLlama.from_hf(tiny_model), batch=3, context=40, repeats=2)
+    assert math.isfinite(speed) and speed > 0
