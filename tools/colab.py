@@ -9,6 +9,7 @@ below, with the repository address taken from pyproject.toml ([project.urls] Rep
 from __future__ import annotations
 
 SETUP_MARKER = "# Set-up for Google Colab"
+SETUP_TAG = "colab-setup"  # the set-up cell's tag: the book (tools/site) leaves the cell out by it
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 _SETUP_TEMPLATE = '''{marker}: installs the course there (about 2 minutes); anywhere else it does nothing.

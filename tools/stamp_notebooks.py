@@ -1,4 +1,4 @@
-"""Stamp every notebook with the Colab badge and set-up cell, and strip outputs.
+"""Stamp every notebook with the Colab badge and set-up cell (tagged `colab-setup`), and strip outputs.
 
     python tools/stamp_notebooks.py            # rewrite notebooks/*.ipynb in place
     python tools/stamp_notebooks.py --check    # exit 1 if any notebook would change
@@ -18,7 +18,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from colab import SETUP_MARKER, badge_markdown, setup_cell_source  # noqa: E402
+from colab import SETUP_MARKER, SETUP_TAG, badge_markdown, setup_cell_source  # noqa: E402
 
 
 def repository_url() -> str:
@@ -39,6 +39,9 @@ def stamp(nb, rel_path: str, repo: str) -> None:
         cells[1].source = setup
     else:
         cells.insert(1, nbformat.v4.new_code_cell(setup))
+    tags = cells[1].metadata.get("tags", [])
+    if SETUP_TAG not in tags:  # the book leaves the cell out by this tag (tools/site/render.py)
+        cells[1].metadata["tags"] = [*tags, SETUP_TAG]
     for cell in cells:
         if cell.cell_type == "code":
             cell.outputs = []

@@ -33,6 +33,9 @@ def test_the_shared_parser_and_report():
 def test_report_prints_one_json_object_or_the_table(capsys):
     assert bench.report({"a": 1}, True, lambda r: "table") == 0
     assert json.loads(capsys.readouterr().out) == {"a": 1}
+    bench.report({"spread": {"one run": float("nan"), "runs": [0.1, float("nan")]}}, True, None)
+    assert json.loads(capsys.readouterr().out, parse_constant=pytest.fail) == {"spread": {"one run": None,
+                                                                                          "runs": [0.1, None]}}
     bench.report({"a": 1}, False, lambda r: f"table {r['a']}")
     assert capsys.readouterr().out == "table 1\n"
     bench.progress(True)("hidden")

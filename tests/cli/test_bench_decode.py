@@ -24,6 +24,7 @@ def test_json_has_every_figure(quick_json):
     for key in ("scratch_tokens_per_s", "transformers_tokens_per_s", "ratio"):
         assert positive(g[key]), key
     assert g["same_tokens"] is True  # fp32 on the CPU: the same greedy tokens as transformers
+    assert g["spread"] == {"scratch": None, "transformers": None}  # --quick times once: no spread to tell (null)
     kv = r["kv_cache"]
     for key in ("with_cache_tokens_per_s", "without_cache_tokens_per_s", "speedup"):
         assert positive(kv[key]), key

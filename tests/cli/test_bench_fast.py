@@ -21,6 +21,7 @@ def test_json_has_every_figure(quick_json):
     d = r["decode"]
     assert set(d["tokens_per_s"]) == {"transformers", "plain", "fused", "fused_in_out"}
     assert all(positive(v) for v in d["tokens_per_s"].values()) and d["same_tokens"] is True
+    assert d["spread"] == dict.fromkeys(d["tokens_per_s"])  # one timed run each (--quick): no spread to tell (null)
     assert d["fastest"] in ("plain", "fused", "fused_in_out") and positive(d["fused_vs_transformers"])
     assert positive(r["bandwidth"]["fraction_of_read_bandwidth"])
     s = r["speculative"]

@@ -25,6 +25,7 @@ def test_json_has_every_figure(quick_json):
         for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_req_s"):
             assert positive(m[key]) or (key == "goodput_req_s" and m[key] == 0), (name, key)
         assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["tpot_p50_s"] <= m["tpot_p99_s"]
+        assert m["itl_p50_s"] <= m["itl_p99_s"] and m["ttft_p50_s"] <= m["e2e_p50_s"] <= m["e2e_p99_s"]
     assert r["static"]["output_tokens"] == r["continuous"]["output_tokens"]
     assert positive(r["continuous_over_static_throughput"])
     kv = r["kv_utilisation"]  # simulated, seeded: the same figures on every machine

@@ -7,7 +7,8 @@ import torch
 
 from llm_anatomy.generate.decode import StaticDecoder, generate_greedy
 from llm_anatomy.errors import CourseError
-from llm_anatomy.fast.fused import Projection, compile_step, count_ops, fuse, matmuls_per_layer
+from llm_anatomy.fast.fused import Projection, compile_step, fuse, matmuls_per_layer
+from llm_anatomy.measure.overhead import count_ops
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.fast.tiled_attention import tiled_attention
 

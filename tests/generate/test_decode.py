@@ -33,12 +33,9 @@ def test_timed_generation_records_each_step(tiny_model):
     result = generate_greedy(model, torch.tensor([[5, 6, 7]]), 4, timed=True)
     assert len(result.step_seconds) == 4 and all(t > 0 for t in result.step_seconds)
     assert result.ttft_s == result.step_seconds[0]
-    assert result.tpot_s == sorted(result.step_seconds[1:])[1]
     assert generate_greedy(model, torch.tensor([[5]]), 3).step_seconds == []  # untimed: nothing recorded
     with pytest.raises(CourseError, match="at least 1"):
         generate_greedy(model, torch.tensor([[5]]), 0)
-    with pytest.raises(CourseError, match="at least 2"):
-        generate_greedy(model, torch.tensor([[5]]), 1, timed=True).tpot_s
 
 
 def test_prefill_then_decode_steps_equal_one_full_pass(tiny_model):

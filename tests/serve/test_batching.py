@@ -1,4 +1,5 @@
-"""Static batching and the Request record (C13, C15): a left-padded rectangle, the same tokens as one at a time."""
+"""Static batching and the Request (C13, C15): a left-padded rectangle, the same tokens as one at a time; a request's
+ask and outcome, its latencies as measure/timing.py defines them."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ def test_a_request_records_its_times_and_knows_when_it_is_done():
     assert r.prompt == [5, 6, 7] and not r.done
     r.output, r.token_times = [4, 9], [1.5, 1.7]
     assert r.done  # the end-of-sequence token stops it before max_new_tokens
-    assert r.ttft_s == pytest.approx(0.5) and r.tpot_s == pytest.approx(0.2)
+    assert r.ttft_s == pytest.approx(0.5) and r.mean_token_gap_s == pytest.approx(0.2)
+    assert r.inter_token_gaps_s == pytest.approx([0.2]) and r.end_to_end_s == pytest.approx(0.7)
     again = r.fresh()
     assert again.output == [] and again.token_times == [] and again.prompt == r.prompt and again.arrival_s == 1.0
     assert again.tokens == [5, 6, 7] and r.tokens == [5, 6, 7, 4, 9]
     one = Request([5], 1)
     one.output, one.token_times = [3], [0.25]
-    assert one.tpot_s == 0.0 and one.ttft_s == 0.25
+    assert one.mean_token_gap_s == 0.0 and one.ttft_s == 0.25
+    with pytest.raises(CourseError, match="no token yet"):
+        Request([5], 1).ttft_s
     import numpy as np
 
     assert Request(np.array([3, 4]).tolist() + [np.int64(5)], 1).prompt == [3, 4, 5]
@@ -57,7 +61,8 @@ def test_static_batching_waits_for_arrivals_and_takes_max_batch_at_a_time(tiny):
     reqs = [Request([5 + i, 6], 2, arrival_s=t) for i, t in enumerate([0.0, 0.0, 0.0, 10.0])]
     out = run_static(tiny, reqs, max_batch=2, cost=lambda tokens, rows: 1.0)
     assert [r.admitted_s for r in out] == [0.0, 0.0, 2.0, 10.0]  # two, then the third, then idle until 10 s
-    assert [r.slot for r in out] == [0, 1, 0, 0]
+    assert [r.spans[0][0] for r in out] == [0, 1, 0, 0]  # the slot each one held
+    assert [r.spans for r in out][2] == [(0, 2.0, 4.0)]
 
 
 def test_static_batching_refuses_a_bad_request_before_serving_any(tiny):

@@ -1,18 +1,14 @@
-"""Serving traces and their figures: Poisson arrivals, percentiles, goodput; decode speed over batch x context."""
+"""Serving traces and their figures: Poisson arrivals, percentiles, goodput, ITL and end-to-end latency; the KV memory
+utilisation of paged blocks against reserving the longest length."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from llm_anatomy.weights.random import random_llama
 
-from llm_anatomy.serve.batching import Request
 from llm_anatomy.errors import CourseError
-from llm_anatomy.measure.timing import decode_tokens_per_s
-from llm_anatomy.serve.metrics import poisson_trace, serving_metrics
-from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.serve.batching import Request
+from llm_anatomy.serve.metrics import poisson_trace, serving_metrics, simulate_utilisation
 
 
 def test_poisson_trace_is_seeded_and_draws_from_the_lengths_given():
@@ -46,12 +42,44 @@ def test_metrics_by_hand():
     assert m["ttft_p50_s"] == 1.0 and m["ttft_p99_s"] == pytest.approx(np.percentile([1.0, 1.0, 3.0], 99))
     assert m["tpot_p50_s"] == pytest.approx(1.25)  # (0.5 + 2.0) / 2: the one-token request has no TPOT
     assert m["met_targets"] == 2 and m["goodput_req_s"] == pytest.approx(2 / 6)
+    assert m["itl_p50_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 50))  # every gap of every request
+    assert m["itl_p99_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 99))
+    assert m["e2e_p50_s"] == pytest.approx(2.0) and m["e2e_p99_s"] == pytest.approx(np.percentile([2, 1, 5], 99))
     assert serving_metrics(reqs)["met_targets"] == 3
     with pytest.raises(CourseError):
         serving_metrics([Request([5], 2)])
 
 
-def test_decode_speed_is_a_positive_rate():
-    model = ScratchLlama.from_hf(random_llama())
-    speed = decode_tokens_per_s(model, batch=3, context=40, repeats=2)
-    assert math.isfinite(speed) and speed > 0
+# --------------------------------------------------------------------------- KV memory utilisation (C14)
+
+
+def test_simulated_utilisation_on_hand_computed_cases():
+    # lengths 1, 4, 5, 10 with blocks of 4: 1 + 1 + 2 + 3 = 7 blocks = 28 slots for 20 tokens
+    out = simulate_utilisation([1, 4, 5, 10], max_len=16, block_size=4)
+    assert out["tokens"] == 20 and out["paged_blocks"] == 7 and out["paged_slots"] == 28
+    assert out["reserve_max_slots"] == 64
+    assert out["reserve_max_utilisation"] == pytest.approx(20 / 64)
+    assert out["paged_utilisation"] == pytest.approx(20 / 28)
+    one = simulate_utilisation([7, 16], max_len=16, block_size=1)  # block size 1: no waste at all
+    assert one["paged_utilisation"] == 1.0 and one["reserve_max_utilisation"] == pytest.approx(23 / 32)
+    full = simulate_utilisation([16, 16], max_len=16, block_size=16)
+    assert full["paged_utilisation"] == full["reserve_max_utilisation"] == 1.0
+    with pytest.raises(CourseError):
+        simulate_utilisation([17], max_len=16, block_size=4)
+    with pytest.raises(CourseError):
+        simulate_utilisation([], max_len=16, block_size=4)
+
+
+def test_paged_uses_most_of_its_memory_on_a_realistic_spread_of_lengths():
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(20, 200, size=500)
+    outputs = np.round(rng.lognormal(mean=5.0, sigma=1.0, size=500))  # median ~150 tokens, long tail
+    lengths = np.minimum(prompts + outputs, 2048).astype(int).tolist()
+    out = simulate_utilisation(lengths, max_len=2048, block_size=16)
+    summary = (f"paged {out['paged_utilisation']:.3f}, reserve-max {out['reserve_max_utilisation']:.3f}, "
+               f"mean length {np.mean(lengths):.0f}, {out['tokens']} tokens")
+    print(summary)
+    assert out["paged_utilisation"] >= 0.9, summary
+    assert out["reserve_max_utilisation"] <= 0.3, summary
+    # the waste of paging is at most block_size - 1 slots per request
+    assert out["paged_slots"] - out["tokens"] <= len(lengths) * 15, summary

@@ -1,17 +1,15 @@
-"""The paged KV cache (claim C14): its allocator, exactness against the contiguous cache, sharing, and the plots' numbers."""
+"""The paged KV cache (claim C14): its allocator, where blocks are handed out, exactness against the contiguous cache,
+the ragged view the scheduler reads it through, and sharing."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.serve.paged_kv import (FREE, SHARED, BlockAllocator, PagedKVPool, block_table_grid,
-                                  simulate_utilisation)
+from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for
+from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.model.scratch import ScratchLlama
 
 
@@ -86,6 +84,26 @@ def test_releasing_or_sharing_a_free_or_unknown_block_is_refused_and_changes_not
     assert _state(alloc) == before
 
 
+def test_blocks_for_is_the_fewest_blocks_that_hold_the_positions():
+    for size in (1, 4, 16):
+        for n in range(0, 40):
+            b = blocks_for(n, size)
+            assert b * size >= n and (b == 0 or (b - 1) * size < n), (n, size, b)
+
+
+def test_the_pool_hands_out_blocks_all_or_none(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=5, block_size=4)
+    tables = [[], [pool.allocate(1)[0]]]  # the second holds one block already: 4 positions
+    pool.extend(tables, [9, 5])  # 9 positions need 3 blocks, 5 need 2: one more
+    assert [len(t) for t in tables] == [3, 2] and pool.allocator.num_free == 0
+    assert len({b for t in tables for b in t}) == 5  # every block handed out once
+    before = [list(t) for t in tables], _state(pool.allocator)
+    with pytest.raises(CourseError, match="needs 1 more and 0 of 5 are free"):
+        pool.extend(tables, [9, 9])  # the first has room already; the second would need one more
+    assert ([list(t) for t in tables], _state(pool.allocator)) == before
+    assert pool.missing(tables[0], 12) == 0 and pool.missing(tables[0], 13) == 1
+
+
 # --------------------------------------------------------------------------- exactness against the contiguous cache
 
 
@@ -93,7 +111,7 @@ def test_releasing_or_sharing_a_free_or_unknown_block_is_refused_and_changes_not
 def test_tiny_model_paged_equals_contiguous_bit_for_bit(tiny, block_size):
     ids = torch.randint(3, 128, (2, 21), generator=torch.Generator().manual_seed(block_size))  # 21: mid-block for 4, 16
     new = 20
-    pool = PagedKVPool.for_model(tiny, num_blocks=2 * math.ceil((21 + new) / block_size) + 3, block_size=block_size)
+    pool = PagedKVPool.for_model(tiny, num_blocks=2 * blocks_for(21 + new, block_size) + 3, block_size=block_size)
     paged = pool.new_cache(2)
     tok_p, log_p = _decode(tiny, ids, paged, new)
     tok_c, log_c = _decode(tiny, ids, tiny.new_cache(2, 21 + new), new)
@@ -101,7 +119,7 @@ def test_tiny_model_paged_equals_contiguous_bit_for_bit(tiny, block_size):
     diffs = [float((a - b).abs().max()) for a, b in zip(log_p, log_c)]
     assert max(diffs) == 0.0, f"max |paged - contiguous| per step: {diffs}"
     assert paged.length == 21 + new  # the prompt, then one position per step
-    blocks = math.ceil(paged.length / block_size)
+    blocks = blocks_for(paged.length, block_size)
     assert [len(t) for t in paged.block_tables] == [blocks, blocks]  # one block per block_size positions, no more
     assert pool.allocator.num_free == pool.num_blocks - 2 * blocks
     assert len({b for t in paged.block_tables for b in t}) == 2 * blocks  # no block holds two sequences
@@ -122,7 +140,7 @@ def test_real_model_paged_equals_contiguous(real, real_scratch):
     assert prompt % 16 and prompt % 4 and prompt > 16 and prompt + new > 32
     tok_c, log_c = _decode(real_scratch, ids, real_scratch.new_cache(1, prompt + new), new)
     for block_size in (1, 4, 16):
-        pool = PagedKVPool.for_model(real_scratch, num_blocks=math.ceil((prompt + new) / block_size),
+        pool = PagedKVPool.for_model(real_scratch, num_blocks=blocks_for(prompt + new, block_size),
                                      block_size=block_size)  # exactly enough blocks
         tok_p, log_p = _decode(real_scratch, ids, pool.new_cache(1), new)
         diffs = [float((a - b).abs().max()) for a, b in zip(log_p, log_c)]
@@ -227,69 +245,33 @@ def test_copy_on_write_needs_a_free_block_and_is_refused_cleanly_without_one(tin
     assert ([list(t) for t in cache.block_tables], _state(pool.allocator)) == before and cache.length == 5
 
 
-# --------------------------------------------------------------------------- the plots' numbers
+# --------------------------------------------------------------------------- the scheduler's reader: ragged rows
 
 
-def test_simulated_utilisation_on_hand_computed_cases():
-    # lengths 1, 4, 5, 10 with blocks of 4: 1 + 1 + 2 + 3 = 7 blocks = 28 slots for 20 tokens
-    out = simulate_utilisation([1, 4, 5, 10], max_len=16, block_size=4)
-    assert out["tokens"] == 20 and out["paged_blocks"] == 7 and out["paged_slots"] == 28
-    assert out["reserve_max_slots"] == 64
-    assert out["reserve_max_utilisation"] == pytest.approx(20 / 64)
-    assert out["paged_utilisation"] == pytest.approx(20 / 28)
-    one = simulate_utilisation([7, 16], max_len=16, block_size=1)  # block size 1: no waste at all
-    assert one["paged_utilisation"] == 1.0 and one["reserve_max_utilisation"] == pytest.approx(23 / 32)
-    full = simulate_utilisation([16, 16], max_len=16, block_size=16)
-    assert full["paged_utilisation"] == full["reserve_max_utilisation"] == 1.0
-    with pytest.raises(CourseError):
-        simulate_utilisation([17], max_len=16, block_size=4)
-    with pytest.raises(CourseError):
-        simulate_utilisation([], max_len=16, block_size=4)
-
-
-def test_paged_uses_most_of_its_memory_on_a_realistic_spread_of_lengths():
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(20, 200, size=500)
-    outputs = np.round(rng.lognormal(mean=5.0, sigma=1.0, size=500))  # median ~150 tokens, long tail
-    lengths = np.minimum(prompts + outputs, 2048).astype(int).tolist()
-    out = simulate_utilisation(lengths, max_len=2048, block_size=16)
-    summary = (f"paged {out['paged_utilisation']:.3f}, reserve-max {out['reserve_max_utilisation']:.3f}, "
-               f"mean length {np.mean(lengths):.0f}, {out['tokens']} tokens")
-    print(summary)
-    assert out["paged_utilisation"] >= 0.9, summary
-    assert out["reserve_max_utilisation"] <= 0.3, summary
-    # the waste of paging is at most block_size - 1 slots per request
-    assert out["paged_slots"] - out["tokens"] <= len(lengths) * 15, summary
-
-
-def test_block_table_grid_marks_owner_free_and_shared():
-    history = [
-        (0, [[0, 1], []]),
-        (1, [[0, 1], [0, 1]]),  # sequence 1 forked from 0: both blocks shared
-        (2, [[0, 1, 3], [0, 2]]),  # copy-on-write: 1 gave its copy of block 1 up for block 2
-        (3, {5: [4]}),  # a dict snapshot: owner ids need not be indices
-    ]
-    grid = block_table_grid(history)
-    expected = np.array([[0, 0, FREE, FREE, FREE],
-                         [SHARED, SHARED, FREE, FREE, FREE],
-                         [SHARED, 0, 1, 0, FREE],
-                         [FREE, FREE, FREE, FREE, 5]])
-    assert grid.shape == (4, 5) and grid.dtype.kind == "i"
-    np.testing.assert_array_equal(grid, expected)
-    assert block_table_grid(history[:1], num_blocks=8).shape == (1, 8)
-    with pytest.raises(CourseError):
-        block_table_grid(history, num_blocks=3)
-
-
-def test_block_table_grid_from_a_real_recording(tiny):
-    pool = PagedKVPool.for_model(tiny, num_blocks=6, block_size=2)
-    cache = pool.new_cache(1)
-    history = []
-    ids = torch.tensor([[5, 6, 7]])
-    for step in range(3):
-        ids = tiny(ids, cache)[:, -1:].argmax(-1)
-        history.append((step, [list(t) for t in cache.block_tables]))
-    grid = block_table_grid(history, num_blocks=pool.num_blocks)
-    # lengths 3, 4, 5 -> 2, 2, 3 blocks held by sequence 0; the rest free
-    assert (grid == 0).sum(axis=1).tolist() == [2, 2, 3]
-    assert (grid == FREE).sum(axis=1).tolist() == [4, 4, 3]
+def test_ragged_rows_in_one_call_equal_each_row_alone(tiny):
+    """Rows of different cached lengths, adding different numbers of tokens, in one paged call: the same logits as
+    each row alone; a single row without padding gives exactly the contiguous cache's logits."""
+    pool = PagedKVPool.for_model(tiny, 24, 4)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34]]
+    chunks = [[40, 41, 42], [50], [60, 61, 62, 63, 64, 65]]  # then a chunk of 3, a decode, a chunk of 6
+    tables = [[pool.allocator.allocate() for _ in range(blocks_for(len(p) + len(c), 4))]
+              for p, c in zip(prompts, chunks)]
+    first = RaggedPagedView(pool, tables, [0, 0, 0], [len(p) for p in prompts])  # all prompts in one call
+    ids = torch.tensor([[0] * (7 - len(p)) + p for p in prompts])
+    out = prefill(tiny, ids, first).logits[:, -1]
+    second = RaggedPagedView(pool, tables, [len(p) for p in prompts], [len(c) for c in chunks])
+    ids = torch.tensor([[0] * (6 - len(c)) + c for c in chunks])
+    out2 = prefill(tiny, ids, second).logits[:, -1]
+    for i, (p, c) in enumerate(zip(prompts, chunks)):
+        for got, seq in ((out[i], p), (out2[i], p + c)):
+            alone = prefill(tiny, torch.tensor([seq]), tiny.new_cache(1, 16)).logits[0, -1]
+            assert torch.allclose(got, alone, atol=1e-5), (i, float((got - alone).abs().max()))
+            assert int(got.argmax()) == int(alone.argmax())
+    assert first.mask is not None and second.mask is not None
+    contiguous = tiny.new_cache(1, 16)
+    a = prefill(tiny, torch.tensor([prompts[0]]), contiguous).logits
+    b = prefill(tiny, torch.tensor([prompts[0]]), RaggedPagedView(pool, [tables[0]], [0], [len(prompts[0])])).logits
+    assert torch.equal(a, b)  # one row, no padding: bit for bit
+    c = decode_step(tiny, torch.tensor([[3]]), contiguous).logits
+    d = decode_step(tiny, torch.tensor([[3]]), RaggedPagedView(pool, [tables[0]], [7], [1])).logits
+    assert torch.equal(c, d)

@@ -94,12 +94,13 @@ def test_shared_blocks_show_in_two_tables_and_cached_blocks_survive_their_reques
     sched.step()  # the first prompt is prefilled; its full blocks go into the cache
     second = sched.submit(Request(system + [50], 3, arrival_s=sched.now))
     sched.step()
-    assert second.cached == 16 and second.blocks[:4] == first.blocks[:4]
-    assert all(sched.pool.allocator.refcount(b) == 3 for b in first.blocks[:4])  # two requests and the cache
+    tables = [sched.admission_of(r).blocks for r in (first, second)]
+    assert second.cached == 16 and tables[1][:4] == tables[0][:4]
+    assert all(sched.pool.allocator.refcount(b) == 3 for b in tables[0][:4])  # two requests and the cache
     while sched.step():
         pass
     kept = sched.prefix_cache.blocks()
-    assert first.blocks == [] and second.blocks == []  # finished requests hold nothing
+    assert sched.admission_of(first) is sched.admission_of(second) is None  # finished requests hold nothing
     assert all(sched.pool.allocator.refcount(b) == 1 for b in kept)  # only the cache holds them
     assert sched.pool.allocator.num_free == 24 - len(kept)
 

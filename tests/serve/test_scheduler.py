@@ -10,11 +10,11 @@ import torch
 from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request, run_static
-from llm_anatomy.generate.decode import decode_step, generate_greedy, prefill
+from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.metrics import poisson_trace, transformers_generate_batch
 from llm_anatomy.serve.paged_kv import PagedKVPool
-from llm_anatomy.serve.scheduler import ContinuousScheduler, RaggedPagedView, admit, blocks_for
+from llm_anatomy.serve.scheduler import ContinuousScheduler, admit
 from llm_anatomy.model.scratch import ScratchLlama
 
 COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
@@ -63,35 +63,6 @@ def test_static_batching_gives_the_same_tokens_and_keeps_finished_rows(tiny, tra
         assert r.token_times == sorted(r.token_times) and r.token_times[0] >= r.arrival_s
 
 
-def test_ragged_rows_in_one_call_equal_each_row_alone(tiny):
-    """Rows of different cached lengths, adding different numbers of tokens, in one paged call: the same logits as
-    each row alone; a single row without padding gives exactly the contiguous cache's logits."""
-    pool = PagedKVPool.for_model(tiny, 24, 4)
-    prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34]]
-    chunks = [[40, 41, 42], [50], [60, 61, 62, 63, 64, 65]]  # then a chunk of 3, a decode, a chunk of 6
-    tables = [[pool.allocator.allocate() for _ in range(blocks_for(len(p) + len(c), 4))]
-              for p, c in zip(prompts, chunks)]
-    first = RaggedPagedView(pool, tables, [0, 0, 0], [len(p) for p in prompts])  # all prompts in one call
-    ids = torch.tensor([[0] * (7 - len(p)) + p for p in prompts])
-    out = prefill(tiny, ids, first).logits[:, -1]
-    second = RaggedPagedView(pool, tables, [len(p) for p in prompts], [len(c) for c in chunks])
-    ids = torch.tensor([[0] * (6 - len(c)) + c for c in chunks])
-    out2 = prefill(tiny, ids, second).logits[:, -1]
-    for i, (p, c) in enumerate(zip(prompts, chunks)):
-        for got, seq in ((out[i], p), (out2[i], p + c)):
-            alone = prefill(tiny, torch.tensor([seq]), tiny.new_cache(1, 16)).logits[0, -1]
-            assert torch.allclose(got, alone, atol=1e-5), (i, float((got - alone).abs().max()))
-            assert int(got.argmax()) == int(alone.argmax())
-    assert first.mask is not None and second.mask is not None
-    contiguous = tiny.new_cache(1, 16)
-    a = prefill(tiny, torch.tensor([prompts[0]]), contiguous).logits
-    b = prefill(tiny, torch.tensor([prompts[0]]), RaggedPagedView(pool, [tables[0]], [0], [len(prompts[0])])).logits
-    assert torch.equal(a, b)  # one row, no padding: bit for bit
-    c = decode_step(tiny, torch.tensor([[3]]), contiguous).logits
-    d = decode_step(tiny, torch.tensor([[3]]), RaggedPagedView(pool, [tables[0]], [7], [1])).logits
-    assert torch.equal(c, d)
-
-
 # --------------------------------------------------------------------------- the schedule itself
 
 
@@ -102,7 +73,6 @@ def test_admit_is_first_come_first_served_within_slots_and_blocks():
     assert admit([0.0, 0.0, 0.0], [3, 3, 3], 0, 7, 8, 0.0) == 2  # blocks for two prompts
     assert admit([0.0, 0.0, 0.0], [2, 9, 1], 0, 5, 8, 0.0) == 1  # the big one waits, and nobody overtakes it
     assert admit([], [], 0, 5, 8, 0.0) == 0
-    assert blocks_for(0, 4) == 0 and blocks_for(1, 4) == 1 and blocks_for(8, 4) == 2 and blocks_for(9, 4) == 3
 
 
 def test_short_requests_do_not_wait_for_a_long_one(tiny):
@@ -140,17 +110,40 @@ def test_preemption_by_recompute_never_loses_a_produced_token(tiny, trace):
         for r in reqs:
             assert r.output[:len(seen[r.id])] == seen[r.id], "a produced token was lost"
             seen[r.id] = list(r.output)
-        held = [b for r in sched.running for b in r.blocks]
+        held = [b for a in sched.running for b in a.blocks]
         assert len(held) == len(set(held)) <= 8  # no block in two tables (no prefix cache here)
     assert sum(r.preempted for r in reqs) > 0
     assert [r.output for r in reqs] == _alone(tiny, trace)
+
+
+@pytest.mark.parametrize("max_batch, budget, blocks", [(6, None, 8), (4, 3, 8), (3, 2, 8)])
+def test_every_span_runs_from_an_admission_to_a_retirement_or_preemption(tiny, trace, max_batch, budget, blocks):
+    # The Gantt chart draws Request.spans: a request must not be drawn in a slot while it waited. (The bug this
+    # guards against: a preempted request's next span began at its preemption, not at its readmission; request 10
+    # of this trace, with 8 blocks of 4, was drawn in slot 0 for 88 ms before it was readmitted.)
+    sched = _scheduler(tiny, blocks, 4, max_batch=max_batch, max_batched_tokens=budget, cost=COST)
+    out = sched.run(trace)
+    assert any(r.preempted for r in out), "the pool is small enough to preempt someone"
+    for r in out:
+        mine = [(t, kind, slot) for t, kind, rid, slot in sched.events if rid == r.id]
+        admits = [(t, slot) for t, kind, slot in mine if kind == "admit"]
+        leaves = [(t, slot) for t, kind, slot in mine if kind != "admit"]
+        assert [kind for _, kind, _ in mine] == ["admit", "preempt"] * r.preempted + ["admit", "retire"]
+        assert [(start, slot) for slot, start, _ in r.spans] == admits  # each span starts at an admission ...
+        assert [(end, slot) for slot, _, end in r.spans] == leaves  # ... and ends where that admission ended
+        assert r.spans[0][1] == r.admitted_s and r.spans[-1][2] == r.released_s == r.finished_s
+        waits = [(a[2], b[1]) for a, b in zip(r.spans, r.spans[1:])]  # (preempted at, readmitted at)
+        assert all(left <= back for left, back in waits)
+    for slot in range(max_batch):  # and no two requests are drawn in one slot at once
+        stays = sorted((start, end) for r in out for s, start, end in r.spans if s == slot)
+        assert all(end <= start for (_, end), (start, _) in zip(stays, stays[1:]))
 
 
 # --------------------------------------------------------------------------- bad input: a clear message, no change
 
 
 def _state(sched):
-    return ([r.id for r in sched.waiting], [r.id for r in sched.running], sched.pool.allocator.num_free, sched.now,
+    return ([r.id for r in sched.waiting], [a.request.id for a in sched.running], sched.pool.allocator.num_free, sched.now,
             sched.steps, sched._next_id)
 
 

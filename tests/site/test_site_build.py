@@ -18,6 +18,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tools.site import build as site  # noqa: E402
+from tools.colab import SETUP_TAG  # noqa: E402
+from tools.site import render  # noqa: E402
 from tools.site.capture import META_KEY, source_digest  # noqa: E402
 
 README = """# Course
@@ -33,8 +35,7 @@ README = """# Course
 """
 BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
          "(https://colab.research.google.com/github/x/y/blob/main/notebooks/{name})")
-WIDGET_REPR = ("Stepper(children=(HTML(value='', _dom_classes=('la-stepper-error',)),), "
-               "_dom_classes=('la-stepper',))")
+WIDGET_REPR = "Stepper(root_class='la-stepper')"  # a course widget's repr names its root class (CourseWidget)
 
 
 def _png(width=40, height=30) -> str:
@@ -45,8 +46,10 @@ def _png(width=40, height=30) -> str:
     return base64.b64encode(out.getvalue()).decode()
 
 
-def _cell(source, outputs=(), status="passed", cell_id=None):
+def _cell(source, outputs=(), status="passed", cell_id=None, tags=()):
     cell = new_code_cell(source, outputs=[new_output(**o) for o in outputs])
+    if tags:
+        cell.metadata["tags"] = list(tags)
     cell.metadata[META_KEY] = {"status": status, "seconds": 0.5}
     if status == "failed":
         cell.metadata[META_KEY]["detail"] = "Cell execution caused an exception"
@@ -59,7 +62,7 @@ def _notebooks(tmp_path: Path, alpha_cells=None, beta_outputs=None):
     """notebooks/ (clean, as committed) and executed/ (as the capture plugin writes them) for two notebooks."""
     alpha = new_notebook(cells=[
         new_markdown_cell(BADGE.format(name="01_alpha.ipynb")),
-        _cell("# Set-up for Google Colab: does nothing here"),
+        _cell("# Set-up for Google Colab: does nothing here", tags=[SETUP_TAG]),
         new_markdown_cell("# 01 · Alpha\nThis chapter demonstrates C1 and C2.\n\n| map | C2 |\n|---|---|"),
         new_markdown_cell("## 1. Counting (C1)", ),
         *(alpha_cells or [
@@ -76,7 +79,7 @@ def _notebooks(tmp_path: Path, alpha_cells=None, beta_outputs=None):
         _cell("Stepper()", beta_outputs if beta_outputs is not None else [dict(
             output_type="display_data",
             data={"text/plain": WIDGET_REPR,
-                  site.WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": "abc"}})],
+                  render.WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": "abc"}})],
               cell_id="widget001"),
     ])
     notebooks, executed = tmp_path / "notebooks", tmp_path / "executed"
@@ -119,12 +122,22 @@ def test_a_page_per_notebook_in_course_order_with_outputs_and_figures(built):
     assert "3\n" in alpha and 'id="cell-id=count0001"' in alpha
     figures = re.findall(r'<img[^>]*src="(01_alpha_files/[^"]+\.png)"', alpha)
     assert figures and all((out / f).is_file() for f in figures), "the figure is not a file beside the page"
-    assert "Set-up for Google Colab" not in alpha, "the Colab set-up cell does nothing here: the book leaves it out"
+    assert "does nothing here" not in alpha, "the Colab set-up cell does nothing here: the book leaves it out by its tag"
     assert "Open In Colab" in alpha and "colab-badge.svg" not in alpha
     index = (out / "index.html").read_text()
     assert index.index("01_alpha.html") < index.index("02_beta.html")
-    assert "count <b>things</b> with <code>len</code>" in index, "the contents use README's 'what you do'"
+    assert "count <strong>things</strong> with <code>len</code>" in index, "the contents use README's 'what you do'"
     assert "cpu (2 cores)" in index and "torch 2.13.0" in index, "the front page names the machine and versions"
+
+
+def test_a_cell_is_left_out_by_its_tag_not_by_its_words(tmp_path):
+    paths = _notebooks(tmp_path, alpha_cells=[
+        _cell("# Set-up for Google Colab, in words only: no tag, so the book keeps it", cell_id="kept0001"),
+        _cell("claim('C1', True, 'kept')", cell_id="claim0001")])
+    _still(paths)
+    site.build_book(**paths)
+    alpha = (paths["out"] / "01_alpha.html").read_text()
+    assert "in words only" in alpha and "does nothing here" not in alpha
 
 
 def test_claims_link_to_the_cell_that_shows_them(built):
@@ -145,8 +158,8 @@ def test_links_between_notebooks_go_to_their_pages(built):
     book, paths = built
     beta = (paths["out"] / "02_beta.html").read_text()
     assert 'href="01_alpha.html"' in beta and '01_alpha.ipynb"' not in beta
-    assert site._book_links('<a href="./08_serving.ipynb#cell-id=ab12">') == '<a href="08_serving.html#cell-id=ab12">'
-    assert site._book_links('<a href="https://x.org/08_serving.ipynb">') == '<a href="https://x.org/08_serving.ipynb">'
+    assert render._book_links('<a href="./08_serving.ipynb#cell-id=ab12">') == '<a href="08_serving.html#cell-id=ab12">'
+    assert render._book_links('<a href="https://x.org/08_serving.ipynb">') == '<a href="https://x.org/08_serving.ipynb">'
 
 
 def test_a_widget_becomes_its_still_and_says_how_to_run_it_live(built):
@@ -229,13 +242,12 @@ def test_a_claim_no_cell_shows_stops_the_build(tmp_path):
         site.build_book(**paths)
 
 
-def test_the_course_widgets_are_known_by_their_root_class():
-    # IPython cuts a widget's repr short, so the book knows a widget by its class, read from lib's source.
-    found = site.course_widgets()
-    assert found and all(css.startswith("la-") for css in found.values())
-    assert found.get("Stepper") == "la-stepper"
-    out = {"data": {"text/plain": "Stepper(children=(Textarea(value='What is', layout=Layout(…", site.WIDGET_MIME: {}}}
-    assert site._widget_class(out) == ("la-stepper", "Stepper")
-    # A repr cut short ends inside a child: its classes are the child's, never taken for the root's.
-    cut = {"data": {"text/plain": "VBox(children=(Dropdown(_dom_classes=('la-x-model',)), …", site.WIDGET_MIME: {}}}
-    assert site._widget_class(cut) == (None, "VBox")
+def test_a_course_widget_is_known_by_the_root_class_its_repr_names():
+    # A notebook keeps only the widget's text/plain repr: a course widget's names its root class.
+    from llm_anatomy.widgets.kv_calculator import KVCalculator
+
+    saved = KVCalculator()._repr_mimebundle_()  # what the executed notebook stores
+    assert render._widget_class({"data": saved}) == ("la-kvcalc", "KVCalculator")
+    # Any other widget's repr names no root class (ipywidgets cuts it at 110 characters, inside a child): no still.
+    cut = {"data": {"text/plain": "VBox(children=(Dropdown(_dom_classes=('la-x-model',)), …", render.WIDGET_MIME: {}}}
+    assert render._widget_class(cut) == (None, "VBox")

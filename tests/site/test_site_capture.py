@@ -17,6 +17,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tools.site import build as site  # noqa: E402
+from tools.site import render  # noqa: E402
 from tools.site.capture import META_KEY, source_digest  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -30,7 +31,7 @@ def run(tmp_path_factory):
     good = new_notebook(cells=[
         new_markdown_cell("# 01 · Good"),
         new_code_cell("print('hello')\n6 * 7"),
-        new_code_cell("import ipywidgets as W\nbox = W.VBox([W.HTML('x')])\nbox.add_class('la-demo')\nbox"),
+        new_code_cell("from llm_anatomy.widgets.kv_calculator import KVCalculator\nKVCalculator()"),
         new_code_cell("from IPython.display import HTML\nHTML('<b>bold</b>')"),
     ])
     bad = new_notebook(cells=[
@@ -65,7 +66,7 @@ def test_a_passing_notebook_is_kept_with_its_outputs(run):
     assert code[0].outputs[0].text == "hello\n" and code[0].outputs[1].data["text/plain"] == "42"
     assert code[0].outputs[1].execution_count == 1
     widget = code[1].outputs[0].data
-    assert site.WIDGET_MIME in widget and site._widget_class(code[1].outputs[0]) == ("la-demo", "VBox")
+    assert render.WIDGET_MIME in widget and render._widget_class(code[1].outputs[0]) == ("la-kvcalc", "KVCalculator")
     assert code[2].outputs[0].data["text/html"] == "<b>bold</b>"
     meta = nb.metadata[META_KEY]
     assert meta["source_digest"] == source_digest(nbformat.read(str(notebooks / "01_good.ipynb"), as_version=4))

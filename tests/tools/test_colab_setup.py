@@ -83,3 +83,26 @@ def test_an_existing_clone_is_installed_not_cloned_again(monkeypatch, tmp_path):
     (tmp_path / "llm-anatomy" / "notebooks").mkdir(parents=True)
     calls = _run_cell(_setup_source(NOTEBOOKS[0]), monkeypatch, tmp_path, in_colab=True)
     assert len(calls) == 1 and calls[0][1:4] == ["-m", "pip", "install"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_the_setup_cell_carries_the_tag_the_book_leaves_it_out_by(path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from colab import SETUP_MARKER, SETUP_TAG
+
+    cell = nbformat.read(path, as_version=4).cells[1]
+    assert cell.source.startswith(SETUP_MARKER) and cell.metadata.get("tags") == [SETUP_TAG]
+
+
+def test_stamping_tags_the_setup_cell_once_and_keeps_other_tags():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import stamp_notebooks
+    from colab import SETUP_TAG
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 01 · A chapter"),
+                                         nbformat.v4.new_code_cell("print(1)")])
+    stamp_notebooks.stamp(nb, "notebooks/01_a.ipynb", "https://github.com/x/y")
+    assert nb.cells[1].metadata["tags"] == [SETUP_TAG] and nb.cells[2].metadata.get("tags") is None
+    nb.cells[1].metadata["tags"] = ["keep-me", SETUP_TAG]
+    stamp_notebooks.stamp(nb, "notebooks/01_a.ipynb", "https://github.com/x/y")  # stamping again changes nothing
+    assert nb.cells[1].metadata["tags"] == ["keep-me", SETUP_TAG] and len(nb.cells) == 4  # badge, set-up, two

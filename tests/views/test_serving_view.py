@@ -1,4 +1,5 @@
-"""The serving pictures: the block grid's cells, the Gantt bars, the heatmap's line, the widget's HTML."""
+"""The serving pictures: the block grid's cells (from block tables, then from the scheduler's history), the Gantt
+bars, the heatmap's line, the widget's HTML."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import matplotlib
 import numpy as np
 import pytest
 from llm_anatomy.weights.random import random_llama
+import torch
 
 matplotlib.use("Agg")
 
 from llm_anatomy.serve.batching import Request, run_static  # noqa: E402
-from llm_anatomy.serve.paged_kv import FREE, SHARED, PagedKVPool  # noqa: E402
+from llm_anatomy.serve.paged_kv import PagedKVPool  # noqa: E402
 from llm_anatomy.serve.scheduler import ContinuousScheduler  # noqa: E402
 from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
-from llm_anatomy.views.serving import (CACHED, block_grid, colour_of, plot_block_grid,  # noqa: E402
-                                       plot_decode_heatmap, plot_gantt, request_state, scheduler_html)
+from llm_anatomy.errors import CourseError  # noqa: E402
+from llm_anatomy.views.serving import (CACHED, FREE, SHARED, block_grid, block_table_grid, colour_of,  # noqa: E402
+                                       plot_block_grid, plot_decode_heatmap, plot_gantt, request_state, scheduler_html)
 
 COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
 
@@ -24,6 +27,39 @@ COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
 @pytest.fixture(scope="module")
 def tiny():
     return ScratchLlama.from_hf(random_llama())
+
+
+def test_block_table_grid_marks_owner_free_and_shared():
+    history = [
+        (0, [[0, 1], []]),
+        (1, [[0, 1], [0, 1]]),  # sequence 1 forked from 0: both blocks shared
+        (2, [[0, 1, 3], [0, 2]]),  # copy-on-write: 1 gave its copy of block 1 up for block 2
+        (3, {5: [4]}),  # a dict snapshot: owner ids need not be indices
+    ]
+    grid = block_table_grid(history)
+    expected = np.array([[0, 0, FREE, FREE, FREE],
+                         [SHARED, SHARED, FREE, FREE, FREE],
+                         [SHARED, 0, 1, 0, FREE],
+                         [FREE, FREE, FREE, FREE, 5]])
+    assert grid.shape == (4, 5) and grid.dtype.kind == "i"
+    np.testing.assert_array_equal(grid, expected)
+    assert block_table_grid(history[:1], num_blocks=8).shape == (1, 8)
+    with pytest.raises(CourseError):
+        block_table_grid(history, num_blocks=3)
+
+
+def test_block_table_grid_from_a_real_recording(tiny):
+    pool = PagedKVPool.for_model(tiny, num_blocks=6, block_size=2)
+    cache = pool.new_cache(1)
+    history = []
+    ids = torch.tensor([[5, 6, 7]])
+    for step in range(3):
+        ids = tiny(ids, cache)[:, -1:].argmax(-1)
+        history.append((step, [list(t) for t in cache.block_tables]))
+    grid = block_table_grid(history, num_blocks=pool.num_blocks)
+    # lengths 3, 4, 5 -> 2, 2, 3 blocks held by sequence 0; the rest free
+    assert (grid == 0).sum(axis=1).tolist() == [2, 2, 3]
+    assert (grid == FREE).sum(axis=1).tolist() == [4, 4, 3]
 
 
 def test_block_grid_marks_owners_shared_cached_and_free():
@@ -68,19 +104,20 @@ def test_scheduler_html_shows_blocks_requests_and_states(tiny):
                                 prefix_cache=True, cost=COST)
     a = sched.submit(Request([5, 6, 7, 8, 9, 10], 2))
     b = sched.submit(Request([5, 6, 7, 8, 11], 2))
-    assert [request_state(a), request_state(b)] == ["waiting", "waiting"]
+    state = lambda r: request_state(r, sched.admission_of(r))  # noqa: E731
+    assert [state(a), state(b)] == ["waiting", "waiting"]
     html = scheduler_html(sched)
     assert html.count('class="la-serving-block la-serving-free"') == 8 and "la-serving-summary" in html
     sched.step()  # a: admitted, its first chunk of 4 prompt tokens
-    assert request_state(a) == "prefilling" and request_state(b) == "waiting"
+    assert state(a) == "prefilling" and state(b) == "waiting"
     html = scheduler_html(sched)
     assert html.count("la-serving-block la-serving-used") == 1 and 'data-request="0"' in html
     assert "iteration 1" in html and "1 in the batch, 1 waiting" in html
     sched.step()  # the rest of the prompt: the first token
-    assert request_state(a) == "decoding"
+    assert state(a) == "decoding"
     while sched.step():
         pass
-    assert request_state(a) == request_state(b) == "finished"
+    assert state(a) == state(b) == "finished"
     html = scheduler_html(sched)
     assert html.count("la-serving-block la-serving-cached") == len(sched.prefix_cache) >= 1
     assert re.search(r'title="block \d+: cached, refcount 1"', html)

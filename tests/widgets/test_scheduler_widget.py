@@ -30,7 +30,7 @@ def _blocks(widget, kind):
 
 def _state(widget):
     s = widget.scheduler
-    return ([r.id for r in s.waiting], [r.id for r in s.running], len(s.finished), s.pool.allocator.num_free,
+    return ([r.id for r in s.waiting], [a.request.id for a in s.running], len(s.finished), s.pool.allocator.num_free,
             s.steps, widget._start, widget.view.value)
 
 
@@ -53,7 +53,8 @@ def test_requests_join_grow_share_and_leave_in_place(widget, tiny):
     assert 'data-request="0"' in widget.view.value and "la-serving-decoding" in widget.view.value
     second = widget.submit(2, 2, shared=True)  # same 8-token prefix: its 2 full blocks come from the prefix cache
     widget.step()
-    assert second.cached == 8 and second.blocks[:2] == first.blocks[:2]
+    tables = [widget.scheduler.admission_of(r).blocks for r in (first, second)]
+    assert second.cached == 8 and tables[1][:2] == tables[0][:2]
     assert _blocks(widget, "shared") == 2
     widget.run_to_end()
     assert not widget.scheduler.running and len(widget.scheduler.finished) == 2

@@ -16,7 +16,7 @@ import base64
 import io
 from pathlib import Path
 
-from tools.site.build import ROOT, BuildError, _shown, _source_text, _staleness
+from tools.site.pages import ROOT, BuildError, _shown, _source_text, _staleness
 
 IMAGES = ROOT / "docs" / "images"
 MAX_WIDTH = 760

@@ -11,7 +11,7 @@ import math
 
 from ..measure.overhead import REGIMES, regime, regime_times
 from ..measure.peaks import Peaks
-from ..measure.roofline import Work, block_parameters, forward_work
+from ..measure.roofline import Work, block_parameters, forward_work, ridge_batch
 from ..weights.random import RANDOM_SHAPES
 from ..model.scratch import ScratchConfig
 from . import exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
@@ -80,20 +80,6 @@ def check_decode_work(decode_work) -> str:
                     expect(not _close(moved, wrong), f"{where}: {why}")
                 expect(False, f"{where}: expected {want.bytes:.4g} bytes, got {moved:.4g}.")
     return "the weights dominate both counts at short contexts: about 2 FLOPs per weight read, whatever the model."
-
-
-def ridge_batch(cfg, past: int, bytes_per_element: int, ridge: float, largest: int = 1 << 20) -> int | None:
-    """The smallest batch whose decode step reaches `ridge` FLOP/byte (forward_work's count), or None if none does."""
-    low, high = 1, largest
-    if forward_work(cfg, 1, past, high, bytes_per_element).intensity < ridge:
-        return None
-    while low < high:  # intensity rises with the batch: bisect
-        mid = (low + high) // 2
-        if forward_work(cfg, 1, past, mid, bytes_per_element).intensity >= ridge:
-            high = mid
-        else:
-            low = mid + 1
-    return low
 
 
 @exercise

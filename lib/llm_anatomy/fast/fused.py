@@ -20,12 +20,9 @@ the fused model holds its own weights beside the plain one's.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model.attention import attention
 from ..device import timed
@@ -133,29 +130,6 @@ def matmuls_per_layer(model: ScratchLlama) -> int:
     """How many matmul calls one block makes on its weights: 7 plain, 4 fused."""
     block = model.layers[0]
     return sum(isinstance(m, (nn.Linear, Projection)) for m in block.modules())
-
-
-# --------------------------------------------------------------------------- counting what a step dispatches
-
-
-class _OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(fn) -> Counter:
-    """The PyTorch operations that `fn()` dispatches, by name (e.g. {"mm": 120, "add": 60, ...}).
-
-    Each is a trip through the dispatcher, and on a GPU at least one kernel launch for those that compute.
-    """
-    with _OpCounter() as counter:
-        fn()
-    return counter.ops
 
 
 def compile_step(fn, device: torch.device | str = "cpu", *, mode: str | None = None, backend: str = "inductor"):

@@ -18,17 +18,16 @@ Sizes are in bytes, errors in the weights' own units, KL divergence in nats, tim
 from __future__ import annotations
 
 import contextlib
-import statistics
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..device import timed
 from ..errors import CourseError
 from ..measure.quality import greedy_agreement, logit_kl, perplexity  # noqa: F401  notebook 09 reads them as q.*
 from ..weights.load import transformers_model
+from ..measure.timing import time_interleaved
 
 # --------------------------------------------------------------------------- 1. quantizing weights ourselves
 
@@ -212,10 +211,8 @@ def time_int8_vs_fp32(m: int, k: int, n: int, repeats: int = 20, layers: int = 1
     runs = {"int8": lambda: [torch._weight_int8pack_mm(x16, c, s) for c, s in packed16],
             "int8_fp32": lambda: [torch._weight_int8pack_mm(x, c, s) for c, s in packed],
             "fp32": lambda: [F.linear(x, w) for w in weights]}
-    seconds = {}
-    for name, fn in runs.items():
-        fn()  # warm up: the first call pays for allocation and kernel choice
-        seconds[name] = statistics.median(timed(fn)[0] for _ in range(repeats))
+    timings = time_interleaved(runs, warmup=1, repeats=repeats)  # in turns, so a busy moment slows all three alike
+    seconds = {name: t.median_s for name, t in timings.items()}
     exact = x @ weights[0].T  # [m, n]
     diff = ((int8_matmul(x, *packed[0]) - exact).abs().max() / exact.abs().max()).item()
     return KernelTiming(seconds["int8"], seconds["int8_fp32"], seconds["fp32"], diff, layers * n * k * 4), ""

@@ -14,7 +14,6 @@ step with fixed shapes, so that a CUDA graph can record it once and replay it (n
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +71,8 @@ class Generation:
     """What a greedy generation gives back.
 
     tokens: `[batch, new_tokens]` the generated ids. step_seconds: wall-clock seconds of each model call when
-    timed (the first is the prefill, which also picks the first new token), else empty.
+    timed (the first is the prefill, which also picks the first new token), else empty; their TPOT is
+    llm_anatomy.measure.timing.median_decode_step_s(step_seconds[1:]).
     """
 
     tokens: torch.Tensor
@@ -84,13 +84,6 @@ class Generation:
         if not self.step_seconds:
             raise CourseError("This generation was not timed: use generate_greedy(..., timed=True).")
         return self.step_seconds[0]
-
-    @property
-    def tpot_s(self) -> float:
-        """Time per output token after the first, seconds: the median decode step."""
-        if len(self.step_seconds) < 2:
-            raise CourseError("Time per output token needs a timed generation of at least 2 new tokens.")
-        return statistics.median(self.step_seconds[1:])
 
 
 @torch.inference_mode()

@@ -69,6 +69,22 @@ def forward_work(cfg, new_tokens: int, past: int = 0, batch: int = 1, bytes_per_
     return Work(float(flops), float(moved))
 
 
+def ridge_batch(cfg, past: int, bytes_per_element: int, ridge: float, largest: int = 1 << 20) -> int | None:
+    """The smallest batch whose decode step (one new token per sequence after `past` cached positions) reaches
+    `ridge` FLOP/byte by forward_work's count, or None if no batch up to `largest` does (the KV cache, read once
+    per sequence, keeps long contexts below it)."""
+    low, high = 1, largest
+    if forward_work(cfg, 1, past, high, bytes_per_element).intensity < ridge:
+        return None
+    while low < high:  # intensity rises with the batch: bisect
+        mid = (low + high) // 2
+        if forward_work(cfg, 1, past, mid, bytes_per_element).intensity >= ridge:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 @dataclass(frozen=True)
 class RooflinePoint:
     """One measured run on the roofline: its intensity (FLOP/byte) and attained FLOP/s."""

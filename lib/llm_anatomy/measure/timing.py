@@ -1,22 +1,30 @@
-"""Timing on the learner's own machine: the rules that keep a measurement honest.
+"""Timing on the learner's own machine: the rules that keep a measurement honest, and the latencies the course names.
 
 - warm up first: the first call pays for memory allocation, kernel selection and caches;
-- on a GPU, synchronize before reading the clock (`llm_anatomy.device.timed` does);
-- repeat and take the median (`statistics.median`, the one definition the course uses): one slow run
-  (another program, a page fault) must not set the figure.
+- on a GPU, synchronize before reading the clock (`llm_anatomy.device.timed`, the one clock, does);
+- repeat, and take the median or the minimum (one slow run, a page fault or another program, must not set the
+  figure); when several candidates are compared, interleave them (`time_interleaved`: A, B, C, A, B, C, ...), so
+  that a busy moment slows all of them alike instead of the one that happened to run then;
+- say how far the repeats disagree (`Timing.spread`) and warn beside a figure whose repeats disagree by more than
+  NOISY_SPREAD (`Timing.noise_warning()`): that figure is rough, whatever its digits.
 
-TTFT and TPOT, as the course defines them (`time_generation`):
-- TTFT, time to first token: the wall time of the prefill call, the whole prompt through the model and the logits
-  of its last position (the first token is their argmax, taken after the clock stops: microseconds). Tokenizing,
-  a server's queue and the network are not included; with repeats, the median of the runs' prefills;
-- TPOT, time per output token: the median wall time of one decode step after the first token, over every step
-  of every run (the median, not the mean: one stall, a page fault or another program, does not move it).
-
-Units: seconds.
+The latencies, each defined once here (seconds):
+- TTFT, time to first token. Of one generation (notebook 07): the prefill call, the whole prompt through the model
+  and the logits of its last position (tokenizing, a queue and the network are not included). Of a served request
+  (notebooks 08 and 11): from its arrival to its first token, queueing included (`time_to_first_token_s`).
+- TPOT, time per output token, in two meanings that the course keeps apart by name:
+  - `median_decode_step_s`: the median wall time of one decode step (notebook 07's TPOT, what the model costs per
+    token; the median, so one stall does not move it);
+  - `mean_token_gap_s`: one served request's (last token - first token) / (tokens - 1), the mean gap between its
+    later tokens (notebook 08's TPOT, what a user sees; it includes the steps spent on other requests' prompts).
+- ITL, inter-token latency: every gap between two consecutive tokens of a request (`inter_token_gaps_s`); their mean
+  is that request's mean_token_gap_s, their worst is the stall a user notices.
+- end-to-end latency: from a request's arrival to its last token (`end_to_end_s`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +34,8 @@ import torch
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step
+
+NOISY_SPREAD = 0.3  # repeats whose middle half spans more than 30% of their median: the figure is rough
 
 
 @dataclass
@@ -44,49 +54,136 @@ class Timing:
         return min(self.times_s)
 
     @property
+    def max_s(self) -> float:
+        return max(self.times_s)
+
+    @property
     def median_ms(self) -> float:
         return self.median_s * 1e3
 
+    @property
+    def spread(self) -> float:
+        """How far the repeats disagree: the interquartile range over the median (0.3 = the middle half of the
+        repeats spans 30% of the median). One stall among many repeats does not move it; a busy machine does.
+        NaN for a single repeat (nothing to compare with)."""
+        if len(self.times_s) < 2:
+            return math.nan
+        q1, _, q3 = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        median = self.median_s
+        return (q3 - q1) / median if median > 0 else 0.0
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the spread passes NOISY_SPREAD (False when it cannot be told: one repeat)."""
+        return self.spread > NOISY_SPREAD
+
+    def noise_warning(self) -> str:
+        """'' when the repeats agree, else a sentence to print beside the figure."""
+        if not self.noisy:
+            return ""
+        return (f"warning: the repeats spread by {self.spread:.0%} (more than {NOISY_SPREAD:.0%}): the machine was "
+                "busy, so this figure is rough; run it again when it is idle")
+
     def __repr__(self) -> str:
-        return f"Timing(median {self.median_ms:.3f} ms over {len(self.times_s)} runs, {self.warmup} warm-up)"
+        spread = "" if math.isnan(self.spread) else f", spread {self.spread:.0%}"
+        return (f"Timing(median {self.median_ms:.3f} ms, min {self.min_s * 1e3:.3f} ms over {len(self.times_s)} runs"
+                f"{spread}, {self.warmup} warm-up)")
+
+
+def _once(fn: Callable[[], object], device: torch.device, cuda_events: bool) -> float:
+    """Seconds of one call: device.timed's wall clock, or (cuda_events) the GPU's own time between two events."""
+    if not cuda_events:
+        return timed(fn, device)[0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def time_interleaved(candidates: dict[str, Callable[[], object]], device: torch.device | str = "cpu", *,
+                     warmup: int = 1, repeats: int = 5, cuda_events: bool = False) -> dict[str, Timing]:
+    """Time every candidate `repeats` times, in rounds (A, B, C, A, B, C, ...), after `warmup` untimed rounds.
+
+    Interleaving makes a busy moment of the machine hit every candidate alike, so that their ratio holds even when
+    their absolute times do not. Returns {name: Timing} in the order given.
+    cuda_events=True (CUDA only) reads the time the GPU spent between two events instead of the wall clock; it
+    excludes Python's time before the first kernel starts, so it is the GPU's own time.
+    """
+    device = torch.device(device)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1 or warmup < 0:
+        raise CourseError(f"Use repeats >= 1 and warmup >= 0, not {repeats} and {warmup}.")
+    if not candidates or not all(callable(fn) for fn in candidates.values()):
+        raise CourseError("Give the work to time as {name: function taking no argument}, at least one.")
+    for _ in range(warmup):
+        for fn in candidates.values():
+            fn()
+    use_events = cuda_events and device.type == "cuda"
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            times[name].append(_once(fn, device, use_events))
+    return {name: Timing(seconds, warmup) for name, seconds in times.items()}
 
 
 def time_it(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup: int = 1,
             repeats: int = 5, cuda_events: bool = False) -> Timing:
     """Time `fn()` `repeats` times after `warmup` untimed calls; the device is synchronized around each.
 
-    cuda_events=True (CUDA only) reads the time the GPU spent between two events instead of the wall clock;
-    it excludes Python's time before the first kernel starts, so it is the GPU's own time.
-    """
-    device = torch.device(device)
-    if repeats < 1 or warmup < 0:
-        raise CourseError(f"Use repeats >= 1 and warmup >= 0, not {repeats} and {warmup}.")
-    for _ in range(warmup):
-        fn()
-    times = []
-    use_events = cuda_events and device.type == "cuda"
-    for _ in range(repeats):
-        if use_events:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            times.append(timed(fn, device)[0])
-    return Timing(times, warmup)
+    The one-candidate case of `time_interleaved` (see there for cuda_events)."""
+    return time_interleaved({"fn": fn}, device, warmup=warmup, repeats=repeats, cuda_events=cuda_events)["fn"]
+
+
+# --------------------------------------------------------------------------- the latencies (module docstring)
+
+
+def median_decode_step_s(step_seconds) -> float:
+    """TPOT of a timed generation: the median of its decode steps' seconds (the prefill not among them)."""
+    steps = list(step_seconds)
+    if not steps:
+        raise CourseError("Time per output token needs at least one decode step: generate at least 2 new tokens.")
+    return statistics.median(steps)
+
+
+def _token_times(token_times) -> list[float]:
+    times = list(token_times)
+    if not times:
+        raise CourseError("This request has produced no token yet: serve it first.")
+    return times
+
+
+def time_to_first_token_s(arrival_s: float, token_times) -> float:
+    """TTFT of a served request: from its arrival to its first token (queueing included), seconds."""
+    return _token_times(token_times)[0] - arrival_s
+
+
+def inter_token_gaps_s(token_times) -> list[float]:
+    """ITL: the gap before each of a request's tokens after the first, seconds ([] for a one-token answer)."""
+    times = _token_times(token_times)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def mean_token_gap_s(token_times) -> float:
+    """TPOT of a served request: (last token - first token) / (tokens - 1), seconds; 0 for a one-token answer."""
+    times = _token_times(token_times)
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+
+
+def end_to_end_s(arrival_s: float, token_times) -> float:
+    """End-to-end latency of a served request: from its arrival to its last token, seconds."""
+    return _token_times(token_times)[-1] - arrival_s
 
 
 @dataclass
 class GenerationTiming:
-    """TTFT and time per output token of one generation, seconds."""
+    """TTFT and time per output token (the median decode step) of one generation, seconds."""
 
     prompt_tokens: int
     new_tokens: int
     batch: int
     ttft_s: float
-    tpot_s: float
+    tpot_s: float  # median_decode_step_s over every decode step of every run
     step_seconds: list[float] = field(default_factory=list)  # the last run's steps, its prefill first
     prefill_seconds: list[float] = field(default_factory=list)  # every run's prefill (their median is ttft_s)
 
@@ -111,15 +208,15 @@ def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmu
 
     if repeats < 1:
         raise CourseError(f"repeats must be at least 1, not {repeats}.")
+    if new_tokens < 2:
+        raise CourseError("Time per output token needs at least 2 new tokens.")
     if warmup:
         generate_greedy(model, prompt_ids, 2)
     runs = [generate_greedy(model, prompt_ids, new_tokens, timed=True) for _ in range(repeats)]
-    ttft = statistics.median(r.ttft_s for r in runs)
-    steps = [s for r in runs for s in r.step_seconds[1:]]
-    if not steps:
-        raise CourseError("Time per output token needs at least 2 new tokens.")
-    return GenerationTiming(prompt_ids.shape[1], new_tokens, prompt_ids.shape[0], ttft, statistics.median(steps),
-                            runs[-1].step_seconds, [r.ttft_s for r in runs])
+    prefills = [r.step_seconds[0] for r in runs]
+    tpot = median_decode_step_s(s for r in runs for s in r.step_seconds[1:])
+    return GenerationTiming(prompt_ids.shape[1], new_tokens, prompt_ids.shape[0], statistics.median(prefills), tpot,
+                            runs[-1].step_seconds, prefills)
 
 
 def decode_tokens_per_s(model, batch: int, context: int, repeats: int = 3) -> float:

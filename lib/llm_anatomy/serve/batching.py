@@ -1,7 +1,8 @@
 """Serving requests in batches: a request and its clock, and static batching (claims C13, C15).
 
 A server runs many users' requests through one model. A `Request` holds a prompt, how many tokens to write, when
-it arrived, and, once served, its output and the time each token came out (TTFT and TPOT follow from those).
+it arrived, and, once served, its output and the time each token came out (TTFT, TPOT, ITL and end-to-end latency
+follow from those, as measure/timing.py defines them).
 
 Static (request-level) batching serves a batch the way `generate` does: take up to `max_batch` waiting requests,
 left-pad their prompts into one rectangle, prefill it, then decode until the longest is done. One decode step reads
@@ -9,9 +10,9 @@ the weights once for every row, which is why batching pays (C13). But a request 
 computing for nobody, and one that arrives meanwhile waits for the whole batch: continuous batching
 (scheduler.py) fixes both (C15).
 
-The clock: every model call is timed with device.timed and the engine's clock `now` advances by its seconds; when
-nothing runs it jumps to the next arrival. `cost(tokens, rows)` replaces the measurement by a formula, so that
-tests and pictures can follow a schedule that does not depend on the machine.
+The clock: every model call (Engine.call) is timed with device.timed and the engine's clock `now` advances by its
+seconds; when nothing runs it jumps to the next arrival. `cost(tokens, rows)` replaces the measurement by a formula,
+so that tests and pictures can follow a schedule that does not depend on the machine.
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generate.decode import decode_step, left_pad, prefill
 from ..device import timed
 from ..errors import CourseError
+from ..generate.decode import decode_step, left_pad, prefill
+from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
 
 
 @dataclass(eq=False)
 class Request:
-    """One user's request and what happened to it. Times are seconds on the scheduler's clock."""
+    """One user's request: what was asked, and what happened to it. Times are seconds on the scheduler's clock.
+
+    The scheduler's own state while it serves a request (its slot, its block table, the positions computed) lives in
+    the scheduler's record of it (scheduler.Admission), not here: a request is what a user sees of it.
+    """
 
     prompt: list[int]
     max_new_tokens: int
@@ -39,15 +45,12 @@ class Request:
     id: int = -1  # set when submitted
     output: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # when each output token came out
-    slot: int = -1  # which row of the batch it held
-    admitted_s: float | None = None
+    admitted_s: float | None = None  # when it first joined a batch
     finished_s: float | None = None
     released_s: float | None = None  # when its slot was free again (static batching: when the whole batch ended)
     preempted: int = 0  # times its blocks were taken back (it is then recomputed, keeping its output)
-    blocks: list[int] = field(default_factory=list, repr=False)  # block table in the pool (continuous batching)
-    computed: int = 0  # positions whose K and V are in the cache
-    cached: int = 0  # prompt positions found in the prefix cache at admission
-    spans: list = field(default_factory=list, repr=False)  # (slot, start, end): when it held a row of the batch
+    cached: int = 0  # prompt positions its last admission found in the prefix cache (no prefill for them)
+    spans: list = field(default_factory=list, repr=False)  # (slot, start, end): each stay in a row of the batch
 
     def __post_init__(self):
         if isinstance(self.prompt, torch.Tensor):
@@ -79,13 +82,22 @@ class Request:
     @property
     def ttft_s(self) -> float:
         """Time to first token: from arrival to the first output token (queueing included), seconds."""
-        return self.token_times[0] - self.arrival_s
+        return time_to_first_token_s(self.arrival_s, self.token_times)
 
     @property
-    def tpot_s(self) -> float:
-        """Time per output token after the first: the mean gap between its output tokens, seconds (0 for one token)."""
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
+    def mean_token_gap_s(self) -> float:
+        """This request's TPOT: the mean gap between its output tokens, seconds (0 for one token)."""
+        return mean_token_gap_s(self.token_times)
+
+    @property
+    def inter_token_gaps_s(self) -> list[float]:
+        """ITL: the gap before each output token after the first, seconds."""
+        return inter_token_gaps_s(self.token_times)
+
+    @property
+    def end_to_end_s(self) -> float:
+        """From arrival to the last output token, seconds."""
+        return end_to_end_s(self.arrival_s, self.token_times)
 
 
 class Engine:
@@ -98,8 +110,9 @@ class Engine:
         self.now = 0.0  # seconds on the scheduler's clock
         self.calls: list[tuple[float, float, str, int, int]] = []  # (start, end, "prefill"/"decode", rows, tokens)
 
-    def _call(self, kind: str, rows: int, tokens: int, fn):
-        """Run one model call; the clock advances by its measured time (or by cost(tokens, rows))."""
+    def call(self, kind: str, rows: int, tokens: int, fn):
+        """Run one model call (`kind` "prefill" or "decode", `rows` sequences, `tokens` new tokens in all); the clock
+        advances by its measured time (or by cost(tokens, rows)). Returns what `fn` returns."""
         seconds, out = timed(fn, self.model.device)
         if self.cost is not None:
             seconds = float(self.cost(tokens, rows))
@@ -107,7 +120,21 @@ class Engine:
         self.now += seconds
         return out
 
-    def _check(self, request: Request, capacity: int | None = None) -> None:
+    def emit(self, request: Request, token: int) -> None:
+        """`token` comes out of `request` now (and the request is finished if that was its last)."""
+        request.output.append(int(token))
+        request.token_times.append(self.now)
+        if request.done:
+            request.finished_s = self.now
+
+    def leave(self, request: Request, slot: int, since_s: float, retired: bool) -> None:
+        """`request` leaves batch row `slot`, which it held since `since_s`: retired (done), or preempted."""
+        request.spans.append((slot, since_s, self.now))
+        if retired:
+            request.released_s = self.now
+
+    def check(self, request: Request, capacity: int | None = None) -> None:
+        """Refuse, with one clear sentence, a request this engine cannot serve (`capacity`: the KV pool's positions)."""
         if not isinstance(request, Request):
             raise CourseError(f"Submit a Request(prompt=[ids], max_new_tokens=n), not {type(request).__name__}.")
         cfg, total = self.model.cfg, len(request.prompt) + request.max_new_tokens
@@ -125,7 +152,7 @@ def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
     """Request-level batching (see the module text); returns fresh copies of `requests` with outputs and times."""
     engine = Engine(model, max_batch, cost)
     for r in requests:  # every request is checked before any is served
-        engine._check(r)
+        engine.check(r)
     reqs = [r.fresh() for r in requests]
     for i, r in enumerate(reqs):
         r.id = i
@@ -138,24 +165,20 @@ def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
         longest, steps = max(len(r.prompt) for r in batch), max(r.max_new_tokens for r in batch)
         ids, mask = left_pad([r.prompt for r in batch], device=device)  # [rows, longest] each
         cache = model.new_cache(len(batch), longest + steps)
-        for slot, r in enumerate(batch):
-            r.slot, r.admitted_s = slot, engine.now
-        out = engine._call("prefill", len(batch), len(batch) * longest,
-                           lambda: prefill(model, ids, cache, attention_mask=mask))
+        start = engine.now
+        for r in batch:
+            r.admitted_s = start
+        out = engine.call("prefill", len(batch), len(batch) * longest,
+                          lambda: prefill(model, ids, cache, attention_mask=mask))
         for step in range(steps):
             if step:
-                out = engine._call("decode", len(batch), len(batch),
-                                   lambda: decode_step(model, nxt, cache))
+                out = engine.call("decode", len(batch), len(batch), lambda: decode_step(model, nxt, cache))
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
             for r, token in zip(batch, nxt[:, 0].tolist()):
                 if not r.done:  # a done row keeps computing: its slot is not given back until the batch ends
-                    r.output.append(token)
-                    r.token_times.append(engine.now)
-                    if r.done:
-                        r.finished_s = engine.now
+                    engine.emit(r, token)
             if all(r.done for r in batch):
                 break
-        for r in batch:
-            r.released_s = engine.now
-            r.spans.append((r.slot, r.admitted_s, engine.now))
+        for slot, r in enumerate(batch):  # row i of the batch is slot i
+            engine.leave(r, slot, start, retired=True)
     return sorted(reqs, key=lambda r: r.id)

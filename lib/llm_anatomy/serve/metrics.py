@@ -1,7 +1,9 @@
-"""Serving traces and their figures: Poisson arrivals, throughput, TTFT and TPOT percentiles, goodput (C15).
+"""Serving traces and their figures: Poisson arrivals, throughput, TTFT and TPOT percentiles, goodput (C15), and the
+KV memory utilisation of paged blocks against reserving the longest length (C14).
 
 TTFT here is what a user waits for the first token: from the request's arrival, queueing included (notebook 07's
-TTFT is the prefill alone). TPOT is the mean gap between a request's later tokens. Percentiles are over requests:
+TTFT is the prefill alone). TPOT is the mean gap between a request's later tokens (measure.timing.mean_token_gap_s;
+notebook 07's TPOT is the median decode step). Percentiles are over requests:
 p50 is the typical user, p99 the unluckiest one in a hundred. Goodput counts only requests that met the latency
 targets: a server that is fast on average but keeps some users waiting scores low.
 """
@@ -11,9 +13,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from ..device import timed
 from ..errors import CourseError
 from .batching import Request
+from .paged_kv import blocks_for
 
 
 def poisson_trace(n: int, rate_per_s: float, prompt_lengths, output_lengths, *, seed: int = 0,
@@ -43,20 +47,48 @@ def poisson_trace(n: int, rate_per_s: float, prompt_lengths, output_lengths, *, 
 
 def serving_metrics(requests, ttft_target_s: float | None = None, tpot_target_s: float | None = None) -> dict:
     """Throughput (output tokens/s from the first arrival to the last token), TTFT and TPOT at p50 and p99 (s),
-    and goodput: requests per second that met both latency targets (a None target is always met)."""
+    and goodput: requests per second that met both latency targets (a None target is always met). Also ITL (every
+    gap between two tokens of a request, all requests together) and end-to-end latency at p50 and p99 (s)."""
     served = [r for r in requests if r.token_times]
     if not served:
         raise CourseError("No request has produced a token yet: run the scheduler first.")
     seconds = max(r.token_times[-1] for r in served) - min(r.arrival_s for r in served)
     tokens = sum(len(r.output) for r in served)
-    ttft, tpot = [r.ttft_s for r in served], [r.tpot_s for r in served if len(r.output) > 1] or [0.0]
+    ttft = [r.ttft_s for r in served]
+    tpot = [r.mean_token_gap_s for r in served if len(r.output) > 1] or [0.0]  # a one-token answer has no TPOT
+    itl = [gap for r in served for gap in r.inter_token_gaps_s] or [0.0]
+    e2e = [r.end_to_end_s for r in served]
     good = [r for r in served if (ttft_target_s is None or r.ttft_s <= ttft_target_s)
-            and (tpot_target_s is None or r.tpot_s <= tpot_target_s)]
+            and (tpot_target_s is None or r.mean_token_gap_s <= tpot_target_s)]
     return {"requests": len(served), "output_tokens": tokens, "seconds": seconds,
             "throughput_tok_s": tokens / seconds if seconds > 0 else math.inf,
             "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
             "tpot_p50_s": float(np.percentile(tpot, 50)), "tpot_p99_s": float(np.percentile(tpot, 99)),
-            "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good)}
+            "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good),
+            "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99)),
+            "e2e_p50_s": float(np.percentile(e2e, 50)), "e2e_p99_s": float(np.percentile(e2e, 99))}
+
+
+def simulate_utilisation(lengths_final: list[int], max_len: int, block_size: int) -> dict:
+    """KV memory utilisation (positions holding a token / positions reserved) of two ways to hold requests.
+
+    lengths_final: each request's length (prompt + output tokens) when it finishes.
+    reserve_max: every request reserves max_len positions up front (a contiguous cache per request).
+    paged: every request holds blocks_for(length, block_size) blocks of block_size positions.
+    Returns tokens, reserve_max_slots, paged_slots, paged_blocks, and the two utilisations (0 to 1).
+    """
+    if not lengths_final:
+        raise CourseError("lengths_final is empty: give the final length of at least one request.")
+    if max_len < 1 or block_size < 1:
+        raise CourseError(f"max_len and block_size must be at least 1, not {max_len} and {block_size}.")
+    if min(lengths_final) < 0 or max(lengths_final) > max_len:
+        raise CourseError(f"Every length must be from 0 to max_len = {max_len}; got {min(lengths_final)} "
+                          f"to {max(lengths_final)}.")
+    tokens = sum(lengths_final)
+    blocks = sum(blocks_for(n, block_size) for n in lengths_final)
+    reserved, paged = len(lengths_final) * max_len, blocks * block_size
+    return {"tokens": tokens, "reserve_max_slots": reserved, "paged_slots": paged, "paged_blocks": blocks,
+            "reserve_max_utilisation": tokens / reserved, "paged_utilisation": tokens / paged if paged else 1.0}
 
 
 def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 16):
@@ -71,7 +103,7 @@ def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_toke
     if not hasattr(hf_model, "generate_batch"):
         raise CourseError("This transformers has no generate_batch (continuous batching): transformers >= 5 has it.")
     size = max(4, block_size)  # transformers wants pages of at least 4 tokens
-    blocks = sum(-(-(len(p) + max_new_tokens) // size) for p in prompts) + 4
+    blocks = sum(blocks_for(len(p) + max_new_tokens, size) for p in prompts) + 4
     config = ContinuousBatchingConfig(page_size=size, num_blocks=blocks, max_batch_tokens=256, use_cuda_graph=False)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     inputs = [list(p) for p in prompts]

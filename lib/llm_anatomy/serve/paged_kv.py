@@ -11,27 +11,30 @@ into blocks of `block_size` positions and hands a sequence a new block only when
                         '-- positions 4-6 -> block 1:  the mat .  _     <- one empty slot
                                              block 0, 2: free, for any sequence
 
-Position p lives in block `table[p // block_size]`, slot `p % block_size`. The only waste is the
-unfilled end of each sequence's last block: fewer than block_size positions per sequence.
+Position p lives in block `table[p // block_size]`, slot `p % block_size`; n positions need
+`blocks_for(n, block_size)` = ceil(n / block_size) blocks. The only waste is the unfilled end of each
+sequence's last block: fewer than block_size positions per sequence.
 
 Blocks can be shared. fork() gives a new sequence the same block table and raises each block's
 reference count, so a common prompt is stored once; a sequence about to write into a block that
 another still holds first copies it (copy-on-write). This is the idea of vLLM's PagedAttention.
-Here attention itself is unchanged: update() gathers the blocks back into one
-`[batch, kv_heads, length, head_dim]` tensor, a copy that a real paged attention kernel avoids.
+
+One reader of the pool: `RaggedPagedView`, one model call over rows of any lengths (the scheduler makes one per
+iteration; `PagedSequenceCache`, a batch of equal-length sequences, makes one per step). Attention is unchanged:
+the view gathers each row's blocks into one `[rows, kv_heads, length, head_dim]` tensor, a copy that a real paged
+attention kernel avoids. Every block is handed out by `PagedKVPool.allocate`, all or none.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
 from ..errors import CourseError
 
-SHARED = -2  # block_table_grid: a block held by more than one owner
-FREE = -1  # block_table_grid: a block nobody holds
+
+def blocks_for(positions: int, block_size: int) -> int:
+    """Blocks that hold `positions` positions: ceil(positions / block_size)."""
+    return -(-positions // block_size)
 
 
 class BlockAllocator:
@@ -94,9 +97,9 @@ class PagedKVPool:
             raise CourseError(f"block_size must be at least 1 position, not {block_size}.")
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
-        shape = (num_blocks, kv_heads, block_size, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]  # [blocks, kv_heads, block_size, head_dim]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]  # same shape
+        shape = (num_blocks, kv_heads, block_size, head_dim)  # [blocks, kv_heads, block_size, head_dim]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int) -> "PagedKVPool":
@@ -116,22 +119,87 @@ class PagedKVPool:
         """Bytes of the blocks in use, each counted once however many sequences share it."""
         return (self.num_blocks - self.allocator.num_free) * self.bytes_per_block()
 
+    def allocate(self, count: int) -> list[int]:
+        """`count` free blocks, each now held once: all of them, or none (a refusal changes nothing)."""
+        free = self.allocator.num_free
+        if count > free:
+            raise CourseError(f"the KV pool is out of blocks: this step needs {count} more and {free} of "
+                              f"{self.num_blocks} are free; free finished sequences or make a bigger pool.")
+        return [self.allocator.allocate() for _ in range(count)]
+
+    def missing(self, table: list[int], positions: int) -> int:
+        """How many more blocks a block table needs to hold `positions` positions."""
+        return max(0, blocks_for(positions, self.block_size) - len(table))
+
+    def extend(self, tables: list[list[int]], positions: list[int]) -> None:
+        """Give each block table the blocks for its sequence's `positions`, all or none."""
+        needs = [self.missing(t, p) for t, p in zip(tables, positions)]
+        fresh = iter(self.allocate(sum(needs)))
+        for table, need in zip(tables, needs):
+            table.extend(next(fresh) for _ in range(need))
+
     def new_cache(self, batch_size: int = 1) -> "PagedSequenceCache":
         """An empty cache for `batch_size` sequences, drawing its blocks from this pool."""
         return PagedSequenceCache(self, batch_size)
 
 
+class RaggedPagedView:
+    """One model call over rows of different lengths in a PagedKVPool: the cache interface ScratchLlama expects.
+
+    Row i has `lengths[i]` positions cached in the blocks of `tables[i]` (which hold room for the new ones too) and
+    adds `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle; the key mask hides
+    each row's front padding, and the model's per-row RoPE positions (a count of real keys) put every token at its
+    own position. A row with fewer new tokens than the widest is fed pad tokens first: their queries are ignored and
+    their keys replaced by the row's cached ones. update() writes the real new K and V into the blocks and gathers
+    every row's keys and values back through its block table.
+    """
+
+    def __init__(self, pool: PagedKVPool, tables: list[list[int]], lengths: list[int], news: list[int]):
+        self.pool, self.batch_size = pool, len(tables)
+        device, size = pool.keys[0].device, pool.block_size
+        news_t = torch.tensor(news, device=device)  # [rows]
+        ends = torch.tensor([a + b for a, b in zip(lengths, news)], device=device)  # [rows]
+        width, self.new = int(ends.max()), max(news)
+        self.length = width - self.new  # "past" positions of the rectangle, as the model sees it
+        cols = torch.arange(width, device=device)  # [width]
+        pos = cols - (width - ends)[:, None]  # [rows, width] each row's position in each column; < 0 = padding
+        self.mask = (pos >= 0) if bool((pos < 0).any()) else None  # [rows, width] False = padding
+        table_width = max(len(t) for t in tables)
+        table = torch.tensor([t + t[:1] * (table_width - len(t)) for t in tables], device=device)  # [rows, blocks]
+        pos = pos.clamp(min=0)
+        self.block_ids, self.slots = table.gather(1, pos // size), pos % size  # [rows, width] each
+        real_new = cols[self.length:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
+        self.write_rows, self.write_cols = real_new.nonzero(as_tuple=True)  # [written] each
+        self.write_blocks = self.block_ids[:, self.length:][real_new]  # [written]
+        self.write_slots = self.slots[:, self.length:][real_new]  # [written]
+
+    def key_mask(self, new: int, attention_mask=None):
+        if attention_mask is not None:
+            raise CourseError("RaggedPagedView makes its own padding mask: give no attention_mask.")
+        return self.mask
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write `k`, `v` `[rows, kv_heads, new, head_dim]`; return every position `[rows, kv_heads, width, d]`."""
+        keys, values = self.pool.keys[layer], self.pool.values[layer]  # [blocks, kv_heads, block_size, d]
+        rows, cols = self.write_rows, self.write_cols
+        keys[self.write_blocks, :, self.write_slots] = k.transpose(1, 2)[rows, cols]  # [written, kv_heads, d]
+        values[self.write_blocks, :, self.write_slots] = v.transpose(1, 2)[rows, cols]
+        # contiguous(): the same memory layout as KVCache's tensor, so attention adds in the same order
+        return (keys[self.block_ids, :, self.slots].transpose(1, 2).contiguous(),
+                values[self.block_ids, :, self.slots].transpose(1, 2).contiguous())
+
+    def advance(self, new: int) -> None:
+        """Nothing to do: whoever made the view counts each row's positions."""
+
+
 class PagedSequenceCache:
     """One batch of sequences in a PagedKVPool: a KVCacheInterface (model/kv_cache.py), as ScratchLlama expects.
 
-    Kept simple: every sequence of the batch has the same `length` (ScratchLlama has one position
-    counter for the batch), and padding is not supported (`padded` is False, `pad_mask` is None,
-    key_mask() refuses an attention_mask with padding).
-    Each sequence still has its own block table, so blocks are shared or copied one sequence at a time.
+    Kept simple: every sequence has the same `length` (ScratchLlama has one position counter for the batch) and
+    none holds padding. Each sequence still has its own block table, so blocks are shared or copied one at a time.
     """
 
-    padded = False
-    pad_mask = None
+    padded, pad_mask = False, None
 
     def __init__(self, pool: PagedKVPool, batch_size: int = 1):
         if batch_size < 1:
@@ -139,81 +207,51 @@ class PagedSequenceCache:
         self.pool = pool
         self.block_tables: list[list[int]] = [[] for _ in range(batch_size)]  # per sequence: pool block ids
         self.length = 0  # positions filled so far, the same for every sequence
-        self._ready_for: tuple[int, int] | None = None  # (length, new) whose blocks and slots are prepared
-        self._table: torch.Tensor | None = None  # [batch, blocks per sequence] the block tables as one tensor
-        self._slots: tuple[torch.Tensor, torch.Tensor] | None = None  # [batch, new] block id and slot to write
+        self._view: RaggedPagedView | None = None  # this step's reader of the pool
+        self._ready_for: tuple[int, int] | None = None  # (length, new) that the view was made for
 
     @property
     def batch_size(self) -> int:
         return len(self.block_tables)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `k`, `v` `[batch, kv_heads, new, head_dim]` at positions length .. length + new - 1 of `layer`.
-
-        Returns the keys and values of all positions so far, `[batch, kv_heads, length + new, head_dim]`,
-        gathered from the blocks through the block tables. Call advance(new) once after the last layer.
+        """Write `k`, `v` `[batch, kv_heads, new, head_dim]` at positions length .. length + new - 1 of `layer`;
+        returns every position so far, `[batch, kv_heads, length + new, head_dim]`. advance(new) after the last layer.
         """
         if k.shape[0] != self.batch_size:
             raise CourseError(f"This paged cache holds {self.batch_size} sequences, not {k.shape[0]}.")
         new = k.shape[2]
         if self._ready_for != (self.length, new):  # the first layer of a step: find room for `new` positions
             self._prepare(new)
-        blocks, slots = self._slots  # [batch, new] each
-        # advanced indices on dims 0 and 2 put their shape first: the target is [batch, new, kv_heads, head_dim]
-        self.pool.keys[layer][blocks, :, slots] = k.transpose(1, 2)
-        self.pool.values[layer][blocks, :, slots] = v.transpose(1, 2)
-        end = self.length + new
-        return self._gather(self.pool.keys[layer], end), self._gather(self.pool.values[layer], end)
-
-    def _gather(self, pool: torch.Tensor, end: int) -> torch.Tensor:
-        b, n = self._table.shape
-        _, kv_heads, block_size, head_dim = pool.shape
-        picked = pool[self._table]  # [batch, n, kv_heads, block_size, head_dim] each sequence's blocks, in order
-        # blocks laid end to end. contiguous(): with block_size 1 the reshape alone would be a view with other
-        # strides, and matmul on other strides may add in another order (1e-7 off); laid out like KVCache's
-        # tensor, attention runs the same kernels and gives the same bits.
-        picked = picked.transpose(1, 2).contiguous().view(b, kv_heads, n * block_size, head_dim)
-        return picked[:, :, :end]  # [batch, kv_heads, end, head_dim] the filled positions only
+        return self._view.update(layer, k, v)
 
     def _prepare(self, new: int) -> None:
-        """Make each sequence own the blocks that positions length .. length + new - 1 fall in.
-
-        Plans first and checks the pool has enough free blocks, so a refusal changes nothing.
-        """
-        size, alloc = self.pool.block_size, self.pool.allocator
-        end = self.length + new
-        copies, grow, refs = [], [], {}
-        for seq, table in enumerate(self.block_tables):
-            if self.length % size:  # the next position falls inside the last block: is it ours alone?
+        """Make each sequence own the blocks of positions length .. length + new - 1 (all taken at once, so a
+        refusal changes nothing), then the view that reads them."""
+        alloc, tables = self.pool.allocator, self.block_tables
+        copies, refs = [], {}
+        for seq, table in enumerate(tables):
+            if self.length % self.pool.block_size:  # the next position falls inside the last block: ours alone?
                 last = table[-1]
                 refs[last] = refs.get(last, alloc.refcount(last))
                 if refs[last] > 1:  # shared: this sequence copies it, the others keep it
                     copies.append(seq)
                     refs[last] -= 1
-            grow.append(max(0, math.ceil(end / size) - len(table)))
-        needed = len(copies) + sum(grow)
-        if needed > alloc.num_free:
-            raise CourseError(f"the KV pool is out of blocks: this step needs {needed} more and {alloc.num_free} "
-                              f"of {alloc.num_blocks} are free; free finished sequences or make a bigger pool.")
+        grow = [self.pool.missing(table, self.length + new) for table in tables]
+        fresh = iter(self.pool.allocate(len(copies) + sum(grow)))
         for seq in copies:  # copy-on-write
-            old, fresh = self.block_tables[seq][-1], alloc.allocate()
+            old, copy = tables[seq][-1], next(fresh)
             for t in self.pool.keys + self.pool.values:
-                t[fresh] = t[old]
+                t[copy] = t[old]
             alloc.decref(old)
-            self.block_tables[seq][-1] = fresh
-        for seq, count in enumerate(grow):
-            self.block_tables[seq].extend(alloc.allocate() for _ in range(count))
-        device = self.pool.keys[0].device
-        self._table = torch.tensor(self.block_tables, dtype=torch.long, device=device)
-        positions = torch.arange(self.length, end, device=device)  # [new]
-        self._slots = (self._table[:, positions // size], (positions % size).expand(self.batch_size, new))
+            tables[seq][-1] = copy
+        for table, count in zip(tables, grow):
+            table.extend(next(fresh) for _ in range(count))
+        self._view = RaggedPagedView(self.pool, tables, [self.length] * self.batch_size, [new] * self.batch_size)
         self._ready_for = (self.length, new)
 
     def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> None:
-        """The key mask for a call adding `new` positions: always None, as no position is padding.
-
-        An attention_mask that marks padding is refused before anything is written.
-        """
+        """None: no position is padding (an attention_mask that marks some is refused before anything is written)."""
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise CourseError("This paged cache does not hold padding: give sequences of equal length without "
                               "padding, or use the contiguous KVCache from model.new_cache().")
@@ -224,17 +262,14 @@ class PagedSequenceCache:
         self.length += new
 
     def fork(self, seq: int = 0) -> int:
-        """Add a sequence that shares sequence `seq`'s blocks (nothing is copied); returns its index.
-
-        Both go on from the same prefix; the first to write into a shared, partly filled last block
-        gets a copy of it (copy-on-write), full blocks stay shared for good.
-        """
+        """Add a sequence that shares sequence `seq`'s blocks (nothing is copied); returns its index. The first to
+        write into a shared, partly filled last block gets a copy of it (copy-on-write); full blocks stay shared."""
         if not 0 <= seq < self.batch_size:
             raise CourseError(f"seq must be a sequence index from 0 to {self.batch_size - 1}, not {seq}.")
         for block in self.block_tables[seq]:
             self.pool.allocator.incref(block)
         self.block_tables.append(list(self.block_tables[seq]))
-        self._ready_for = None  # the batch changed: rebuild the tensor of block tables next step
+        self._ready_for = None  # the batch changed: make a new view next step
         return self.batch_size - 1
 
     def free(self) -> None:
@@ -261,52 +296,3 @@ class PagedSequenceCache:
     def allocated_bytes(self) -> int:
         """Bytes of the blocks these sequences hold, filled or not; a shared block counts once."""
         return len(self._blocks_and_fill()) * self.pool.bytes_per_block()
-
-
-# --------------------------------------------------------------------------- for the plots
-
-
-def simulate_utilisation(lengths_final: list[int], max_len: int, block_size: int) -> dict:
-    """KV memory utilisation (positions holding a token / positions reserved) of two ways to hold requests.
-
-    lengths_final: each request's length (prompt + output tokens) when it finishes.
-    reserve_max: every request reserves max_len positions up front (a contiguous cache per request).
-    paged: every request holds ceil(length / block_size) blocks of block_size positions.
-    Returns tokens, reserve_max_slots, paged_slots, paged_blocks, and the two utilisations (0 to 1).
-    """
-    if not lengths_final:
-        raise CourseError("lengths_final is empty: give the final length of at least one request.")
-    if max_len < 1 or block_size < 1:
-        raise CourseError(f"max_len and block_size must be at least 1, not {max_len} and {block_size}.")
-    if min(lengths_final) < 0 or max(lengths_final) > max_len:
-        raise CourseError(f"Every length must be from 0 to max_len = {max_len}; got {min(lengths_final)} "
-                          f"to {max(lengths_final)}.")
-    tokens = sum(lengths_final)
-    blocks = sum(math.ceil(n / block_size) for n in lengths_final)
-    reserved, paged = len(lengths_final) * max_len, blocks * block_size
-    return {"tokens": tokens, "reserve_max_slots": reserved, "paged_slots": paged, "paged_blocks": blocks,
-            "reserve_max_utilisation": tokens / reserved, "paged_utilisation": tokens / paged if paged else 1.0}
-
-
-def block_table_grid(history, num_blocks: int | None = None) -> np.ndarray:
-    """Snapshots of block tables -> `[steps, num_blocks]` int array of who holds each block, for a coloured grid.
-
-    history: a list of (step, block_tables), block_tables being a list of block-id lists (the owner is
-    the list's index, e.g. a copy of cache.block_tables) or a dict owner id -> block ids.
-    Each cell is the owner id, FREE (-1) for a block nobody holds, SHARED (-2) for one held by several.
-    num_blocks defaults to the highest block id seen + 1.
-    """
-    snapshots = [dict(enumerate(tables)) if isinstance(tables, (list, tuple)) else dict(tables)
-                 for _, tables in history]
-    seen = [b for snap in snapshots for blocks in snap.values() for b in blocks]
-    if num_blocks is None:
-        num_blocks = max(seen, default=-1) + 1
-    if seen and (min(seen) < 0 or max(seen) >= num_blocks):
-        raise CourseError(f"Block ids must be from 0 to num_blocks - 1 = {num_blocks - 1}; "
-                          f"got {min(seen)} to {max(seen)}.")
-    grid = np.full((len(snapshots), num_blocks), FREE, dtype=np.int64)  # [steps, num_blocks]
-    for row, snap in zip(grid, snapshots):
-        for owner, blocks in snap.items():
-            for b in blocks:
-                row[b] = owner if row[b] in (FREE, owner) else SHARED
-    return grid

@@ -7,9 +7,11 @@ Orca, vLLM and SGLang decide again at every iteration:
     4. retire finished requests and free their blocks.
 So a short request leaves as soon as it is done and a new one takes its place at the next iteration.
 
-Each request holds a block table in a PagedKVPool (paged_kv.py). When the pool runs dry, the youngest request is
-preempted: its blocks are freed and it is recomputed later from its prompt and the tokens it has produced, which it
-keeps (vLLM's "preemption by recompute"). A real engine packs the decodes and prompt chunks of an iteration into
+While it runs, a request has an `Admission`, the scheduler's record of it: its batch slot, when it was admitted, its
+block table in a PagedKVPool (paged_kv.py) and the positions computed. When the pool runs dry, the youngest request
+is preempted: its admission ends, its blocks are freed, and it is recomputed after a new admission from its prompt
+and the tokens it has produced, which it keeps (vLLM's "preemption by recompute"). Each admission is one span of
+the request in a batch slot, from its admission to its retirement or preemption (`Request.spans`). A real engine packs the decodes and prompt chunks of an iteration into
 one call of concatenated sequences; our model takes rectangles, so an iteration makes one decode call and one call
 for all prompt chunks (left-padded to the longest), through the course's one decoding loop (`prefill`,
 `decode_step`). Every token of an iteration comes out when the iteration ends. The clock is batching.Engine's.
@@ -19,19 +21,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 
-from .batching import Engine, Request
-from ..generate.decode import decode_step, left_pad, prefill
 from ..errors import CourseError
-from .paged_kv import PagedKVPool
+from ..generate.decode import decode_step, left_pad, prefill
+from .batching import Engine, Request
+from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
 from .prefix_cache import PrefixCache
-
-
-def blocks_for(positions: int, block_size: int) -> int:
-    """Blocks that hold `positions` positions: ceil(positions / block_size)."""
-    return -(-positions // block_size)
 
 
 def admit(arrivals: list[float], blocks_needed: list[int], running: int, free_blocks: int, max_batch: int,
@@ -51,53 +49,20 @@ def admit(arrivals: list[float], blocks_needed: list[int], running: int, free_bl
     return joined
 
 
-class RaggedPagedView:
-    """One model call over rows of different lengths in a PagedKVPool: a KVCacheInterface (model/kv_cache.py).
+@dataclass(eq=False)
+class Admission:
+    """The scheduler's record of a request while it holds a batch slot (from admission to retirement or preemption)."""
 
-    Row i has `lengths[i]` positions cached (in the blocks of `tables[i]`) and adds `news[i]` new ones (a decode: 1;
-    a prompt chunk: more). Each row's positions are right-aligned in one rectangle and its front is padding, which
-    the key mask hides; the model's per-row RoPE positions (a running count of real keys) then put every token at
-    its own position. A row with fewer new tokens than the widest is fed pad tokens in front of them: their
-    queries are computed and ignored, and their keys are replaced by the row's cached ones. update() writes each
-    row's real new K and V into its blocks and gathers every row's keys and values back through its block table.
-    """
+    request: Request
+    slot: int  # which row of the batch it holds
+    start_s: float  # when it was admitted: where its span in the slot starts
+    blocks: list[int] = field(default_factory=list)  # its block table in the pool
+    computed: int = 0  # positions whose K and V are in the cache
 
-    def __init__(self, pool: PagedKVPool, tables: list[list[int]], lengths: list[int], news: list[int]):
-        self.pool, self.batch_size = pool, len(tables)
-        device, size = pool.keys[0].device, pool.block_size
-        news_t, ends = torch.tensor(news, device=device), torch.tensor([a + b for a, b in zip(lengths, news)],
-                                                                       device=device)
-        width, self.new = int(ends.max()), max(news)
-        self.length = width - self.new  # "past" positions of the rectangle, as the model sees it
-        cols = torch.arange(width, device=device)  # [width]
-        pos = cols - (width - ends)[:, None]  # [rows, width] each row's position in each column; < 0 = padding
-        self.mask = (pos >= 0) if bool((pos < 0).any()) else None  # [rows, width] False = padding
-        table_width = max(len(t) for t in tables)
-        table = torch.tensor([t + t[:1] * (table_width - len(t)) for t in tables], device=device)  # [rows, blocks]
-        pos = pos.clamp(min=0)
-        self.block_ids, self.slots = table.gather(1, pos // size), pos % size  # [rows, width] each
-        real_new = cols[self.length:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
-        self.write_rows, self.write_cols = real_new.nonzero(as_tuple=True)  # [written] each
-        self.write_blocks = self.block_ids[:, self.length:][real_new]  # [written]
-        self.write_slots = self.slots[:, self.length:][real_new]  # [written]
-
-    def key_mask(self, new: int, attention_mask=None):
-        if attention_mask is not None:
-            raise CourseError("RaggedPagedView makes its own padding mask: give no attention_mask.")
-        return self.mask
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write `k`, `v` `[rows, kv_heads, new, head_dim]`; return every position `[rows, kv_heads, width, d]`."""
-        keys, values = self.pool.keys[layer], self.pool.values[layer]  # [blocks, kv_heads, block_size, d]
-        rows, cols = self.write_rows, self.write_cols
-        keys[self.write_blocks, :, self.write_slots] = k.transpose(1, 2)[rows, cols]  # [written, kv_heads, d]
-        values[self.write_blocks, :, self.write_slots] = v.transpose(1, 2)[rows, cols]
-        # contiguous(): the same memory layout as KVCache's tensor, so attention adds in the same order
-        return (keys[self.block_ids, :, self.slots].transpose(1, 2).contiguous(),
-                values[self.block_ids, :, self.slots].transpose(1, 2).contiguous())
-
-    def advance(self, new: int) -> None:
-        """Nothing to do: the scheduler counts each request's positions itself."""
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in the cache: 1 for a decoding request (its newest token), more while prefilling."""
+        return len(self.request.tokens) - self.computed
 
 
 class ContinuousScheduler(Engine):
@@ -117,15 +82,20 @@ class ContinuousScheduler(Engine):
         self.pool, self.max_batched_tokens = pool, max_batched_tokens
         self.prefix_cache = PrefixCache(pool.allocator, pool.block_size) if prefix_cache else None
         self.waiting: deque[Request] = deque()  # arrival order
-        self.running: list[Request] = []  # admission order
+        self.running: list[Admission] = []  # admission order
         self.finished: list[Request] = []
         self.steps, self._next_id = 0, 0
         self.history: list[tuple[int, dict, list]] = []  # per iteration: (step, {id: block table}, cached blocks)
+        self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire", request id, slot)
+
+    def admission_of(self, request: Request) -> Admission | None:
+        """The running request's admission (slot, block table, positions computed), or None when it is not running."""
+        return next((a for a in self.running if a.request is request), None)
 
     def submit(self, request: Request) -> Request:
         """Queue a request (checked first: a refused one changes nothing); returns it, with its id set."""
-        self._check(request, self.pool.num_blocks * self.pool.block_size)
-        if any(r is request for r in [*self.waiting, *self.running, *self.finished]):
+        self.check(request, self.pool.num_blocks * self.pool.block_size)
+        if any(r is request for r in [*self.waiting, *(a.request for a in self.running), *self.finished]):
             raise CourseError(f"Request {request.id} was submitted already: submit request.fresh() to serve it again.")
         request.id, self._next_id = self._next_id, self._next_id + 1
         at = sum(1 for r in self.waiting if r.arrival_s <= request.arrival_s)
@@ -135,7 +105,7 @@ class ContinuousScheduler(Engine):
     def run(self, requests) -> list[Request]:
         """Serve fresh copies of `requests` to the end; returns them in the order given, outputs and times recorded."""
         for r in requests:  # every request is checked before any is queued
-            self._check(r, self.pool.num_blocks * self.pool.block_size)
+            self.check(r, self.pool.num_blocks * self.pool.block_size)
         fresh = [r.fresh() for r in requests]
         for r in fresh:
             self.submit(r)
@@ -153,25 +123,25 @@ class ContinuousScheduler(Engine):
         decoders, chunks = self._plan()
         produced, device = [], self.model.device
         if decoders:  # one token for every request whose tokens are all cached but the newest
-            ids = torch.tensor([[r.tokens[r.computed]] for r in decoders], device=device)  # [rows, 1]
-            view = RaggedPagedView(self.pool, [r.blocks for r in decoders], [r.computed for r in decoders],
+            ids = torch.tensor([[a.request.tokens[a.computed]] for a in decoders], device=device)  # [rows, 1]
+            view = RaggedPagedView(self.pool, [a.blocks for a in decoders], [a.computed for a in decoders],
                                    [1] * len(decoders))
-            out = self._call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view))
+            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view))
             produced += self._advance(decoders, [1] * len(decoders), out)
         if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
-            rows, news = [r for r, _ in chunks], [n for _, n in chunks]
-            ids, _ = left_pad([r.tokens[r.computed:r.computed + n] for r, n in chunks], device=device)  # [rows, width]
-            view = RaggedPagedView(self.pool, [r.blocks for r in rows], [r.computed for r in rows], news)
-            out = self._call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view))
+            rows, news = [a for a, _ in chunks], [n for _, n in chunks]
+            ids, _ = left_pad([a.request.tokens[a.computed:a.computed + n] for a, n in chunks],
+                              device=device)  # [rows, width]
+            view = RaggedPagedView(self.pool, [a.blocks for a in rows], [a.computed for a in rows], news)
+            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view))
             produced += self._advance(rows, news, out)
-        for r, token in produced:  # every token of the iteration comes out when it ends
-            r.output.append(token)
-            r.token_times.append(self.now)
-        for r in [r for r in self.running if r.done]:
-            self._release(r, finished=True)
+        for a, token in produced:  # every token of the iteration comes out when it ends
+            self.emit(a.request, token)
+        for a in [a for a in self.running if a.request.done]:
+            self._release(a, finished=True)
         self.steps += 1
         cached = sorted(self.prefix_cache.blocks()) if self.prefix_cache is not None else []
-        self.history.append((self.steps, {r.id: list(r.blocks) for r in self.running}, cached))
+        self.history.append((self.steps, {a.request.id: list(a.blocks) for a in self.running}, cached))
         return True
 
     def _admit(self) -> None:
@@ -184,27 +154,25 @@ class ContinuousScheduler(Engine):
         for r in heads[:admit([r.arrival_s for r in heads], needed, len(self.running), free, self.max_batch,
                               self.now)]:
             self.waiting.popleft()
-            r.blocks = pc.acquire(r.tokens) if pc is not None else []
-            r.computed = len(r.blocks) * size
-            r.cached = r.computed
-            r.slot = min(set(range(self.max_batch)) - {q.slot for q in self.running})
+            blocks = pc.acquire(r.tokens) if pc is not None else []
+            slot = min(set(range(self.max_batch)) - {a.slot for a in self.running})
+            self.running.append(Admission(r, slot, self.now, blocks, len(blocks) * size))
+            r.cached = len(blocks) * size
             r.admitted_s = self.now if r.admitted_s is None else r.admitted_s
-            self.running.append(r)
+            self.events.append((self.now, "admit", r.id, slot))
 
     def _plan(self):
         """This iteration's decoders and prompt chunks, their blocks allocated (preempting if the pool is short)."""
-        size, alloc = self.pool.block_size, self.pool.allocator
         while True:
-            decoders = [r for r in self.running if len(r.tokens) - r.computed == 1 and r.computed]
+            decoders = [a for a in self.running if a.pending == 1 and a.computed]
             budget = math.inf if self.max_batched_tokens is None else self.max_batched_tokens - len(decoders)
             chunks = []
-            for r in self.running:
-                pending = len(r.tokens) - r.computed
-                if r not in decoders and budget > 0:
-                    chunks.append((r, int(min(pending, budget))))
+            for a in self.running:
+                if a not in decoders and budget > 0:
+                    chunks.append((a, int(min(a.pending, budget))))
                     budget -= chunks[-1][1]
-            need = {r: blocks_for(r.computed + n, size) - len(r.blocks) for r, n in [(d, 1) for d in decoders] + chunks}
-            short = sum(need.values()) - alloc.num_free
+            rows = [(a, 1) for a in decoders] + chunks
+            short = sum(self.pool.missing(a.blocks, a.computed + n) for a, n in rows) - self.pool.allocator.num_free
             if short > 0 and self.prefix_cache is not None:
                 short -= self.prefix_cache.evict(short)
             if short <= 0:
@@ -212,32 +180,32 @@ class ContinuousScheduler(Engine):
             if len(self.running) == 1:  # cannot happen: submit() refuses a request the whole pool cannot hold
                 raise CourseError("The KV pool cannot hold even one request: make a pool with more blocks.")
             self._release(self.running[-1], finished=False)  # preempt the youngest; it is recomputed later
-        for r, count in need.items():
-            r.blocks += [alloc.allocate() for _ in range(count)]
+        self.pool.extend([a.blocks for a, _ in rows], [a.computed + n for a, n in rows])
         return decoders, chunks
 
-    def _advance(self, rows, news: list[int], out) -> list:
+    def _advance(self, rows: list[Admission], news: list[int], out) -> list:
         """Count the new cached positions; a row whose tokens are now all cached gets its next token."""
         produced = []
-        for i, (r, new) in enumerate(zip(rows, news)):
-            r.computed += new
-            if r.computed == len(r.tokens):
-                if self.prefix_cache is not None and not r.output:  # the prompt is in: share its full blocks now
-                    self.prefix_cache.insert(r.prompt, r.blocks)
-                produced.append((r, int(out.logits[i, -1].argmax())))
+        for i, (a, new) in enumerate(zip(rows, news)):
+            a.computed += new
+            if a.pending == 0:
+                if self.prefix_cache is not None and not a.request.output:  # the prompt is in: share its full blocks
+                    self.prefix_cache.insert(a.request.prompt, a.blocks)
+                produced.append((a, int(out.logits[i, -1].argmax())))
         return produced
 
-    def _release(self, r: Request, finished: bool) -> None:
-        """Give back the request's slot and blocks: retired when finished, else preempted (it keeps its output)."""
+    def _release(self, a: Admission, finished: bool) -> None:
+        """End an admission: the request retires when finished, else it is preempted (it keeps its output)."""
+        r = a.request
         if finished and self.prefix_cache is not None:
-            self.prefix_cache.insert(r.tokens[:r.computed], r.blocks)
-        for block in r.blocks:
+            self.prefix_cache.insert(r.tokens[:a.computed], a.blocks)
+        for block in a.blocks:
             self.pool.allocator.decref(block)
-        r.spans.append((r.slot, r.admitted_s if not r.spans else r.spans[-1][2], self.now))
-        r.blocks, self.running = [], [q for q in self.running if q is not r]
+        self.running.remove(a)
+        self.leave(r, a.slot, a.start_s, retired=finished)  # the span runs from this admission to now
+        self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))
         if finished:
-            r.finished_s = r.released_s = self.now
             self.finished.append(r)
         else:
-            r.computed, r.cached, r.preempted, r.slot = 0, 0, r.preempted + 1, -1
+            r.cached, r.preempted = 0, r.preempted + 1
             self.waiting.appendleft(r)

@@ -7,8 +7,10 @@ import html
 
 import numpy as np
 
-from ..serve.paged_kv import FREE, SHARED, block_table_grid
+from ..errors import CourseError
 
+FREE = -1  # a block nobody holds
+SHARED = -2  # a block held by more than one owner
 CACHED = -3  # a block that only the prefix cache holds (kept for later requests)
 _FIXED = {FREE: "#ffffff", SHARED: "#212121", CACHED: "#bdbdbd"}
 
@@ -21,6 +23,30 @@ def colour_of(owner: int) -> str:
 
     r, g, b, _ = matplotlib.colormaps["tab20"]((owner * 2 + owner // 10) % 20)
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
+
+
+def block_table_grid(history, num_blocks: int | None = None) -> np.ndarray:
+    """Snapshots of block tables -> `[steps, num_blocks]` int array of who holds each block, for a coloured grid.
+
+    history: a list of (step, block_tables), block_tables being a list of block-id lists (the owner is
+    the list's index, e.g. a copy of cache.block_tables) or a dict owner id -> block ids.
+    Each cell is the owner id, FREE (-1) for a block nobody holds, SHARED (-2) for one held by several.
+    num_blocks defaults to the highest block id seen + 1.
+    """
+    snapshots = [dict(enumerate(tables)) if isinstance(tables, (list, tuple)) else dict(tables)
+                 for _, tables in history]
+    seen = [b for snap in snapshots for blocks in snap.values() for b in blocks]
+    if num_blocks is None:
+        num_blocks = max(seen, default=-1) + 1
+    if seen and (min(seen) < 0 or max(seen) >= num_blocks):
+        raise CourseError(f"Block ids must be from 0 to num_blocks - 1 = {num_blocks - 1}; "
+                          f"got {min(seen)} to {max(seen)}.")
+    grid = np.full((len(snapshots), num_blocks), FREE, dtype=np.int64)  # [steps, num_blocks]
+    for row, snap in zip(grid, snapshots):
+        for owner, blocks in snap.items():
+            for b in blocks:
+                row[b] = owner if row[b] in (FREE, owner) else SHARED
+    return grid
 
 
 def block_grid(history, num_blocks: int) -> np.ndarray:
@@ -117,22 +143,23 @@ def plot_decode_heatmap(speeds, batches, contexts, crossover_tokens: float, ax=N
 _STATE_COLOUR = {"waiting": "#9e9e9e", "prefilling": "#fb8c00", "decoding": "#1e88e5", "finished": "#43a047"}
 
 
-def request_state(r) -> str:
-    """'waiting', 'prefilling', 'decoding' or 'finished' for a request in a ContinuousScheduler."""
-    if r.finished_s is not None:
+def request_state(request, admission=None) -> str:
+    """'waiting', 'prefilling', 'decoding' or 'finished' for a request of a ContinuousScheduler, given its admission
+    (scheduler.admission_of(request); None while it waits)."""
+    if request.finished_s is not None:
         return "finished"
-    if r.slot < 0:
+    if admission is None:
         return "waiting"
-    return "decoding" if len(r.tokens) - r.computed <= 1 else "prefilling"
+    return "decoding" if admission.pending <= 1 else "prefilling"
 
 
 def scheduler_html(scheduler, max_finished: int = 8) -> str:
     """The pool as a row of blocks coloured by owner, a summary line, and one line per request."""
     alloc = scheduler.pool.allocator
     owners: dict[int, list[int]] = {}
-    for r in scheduler.running:
-        for b in r.blocks:
-            owners.setdefault(b, []).append(r.id)
+    for a in scheduler.running:
+        for b in a.blocks:
+            owners.setdefault(b, []).append(a.request.id)
     cached = scheduler.prefix_cache.blocks() if scheduler.prefix_cache is not None else set()
     cells = []
     for b in range(alloc.num_blocks):
@@ -150,15 +177,17 @@ def scheduler_html(scheduler, max_finished: int = 8) -> str:
                f"{len(scheduler.waiting)} waiting, {len(scheduler.finished)} finished; blocks: {counts['used']} used, "
                f"{counts['shared']} shared, {counts['cached']} cached, {counts['free']} free of {alloc.num_blocks} "
                f"({scheduler.pool.block_size} positions each)")
-    shown = list(scheduler.running) + list(scheduler.waiting) + scheduler.finished[-max_finished:]
+    shown = ([(a.request, a) for a in scheduler.running] + [(r, None) for r in scheduler.waiting]
+             + [(r, None) for r in scheduler.finished[-max_finished:]])
     rows = []
-    for r in shown:
-        state = request_state(r)
+    for r, a in shown:
+        state = request_state(r, a)
+        computed, blocks = (a.computed, a.blocks) if a is not None else (0, [])
         rows.append(f'<tr class="la-serving-request la-serving-{state}" data-request="{r.id}">'
                     f'<td><span style="background:{colour_of(r.id)};padding:0 6px">&nbsp;</span> {r.id}</td>'
                     f'<td style="color:{_STATE_COLOUR[state]}"><b>{state}</b></td><td>{len(r.prompt)}</td>'
-                    f'<td>{len(r.output)} / {r.max_new_tokens}</td><td>{r.computed}</td><td>{r.cached}</td>'
-                    f'<td>{html.escape(str(r.blocks))}</td><td>{r.preempted}</td></tr>')
+                    f'<td>{len(r.output)} / {r.max_new_tokens}</td><td>{computed}</td><td>{r.cached}</td>'
+                    f'<td>{html.escape(str(blocks))}</td><td>{r.preempted}</td></tr>')
     head = ("<tr><th>request</th><th>state</th><th>prompt</th><th>output</th><th>positions cached</th>"
             "<th>from prefix cache</th><th>block table</th><th>preempted</th></tr>")
     return (f'<div class="la-serving-pool" style="display:flex;flex-wrap:wrap;gap:2px;margin:4px 0">{"".join(cells)}'

@@ -4,8 +4,8 @@ Rules every widget here follows:
 - core ipywidgets, matplotlib and plain HTML only (no JavaScript from the internet);
 - each callback is a plain method that pytest can call without a browser;
 - errors show inside the widget (an error line), never escape to the notebook, and change nothing;
-- the root widget carries the CSS class `la-<name>`, its key parts `la-<name>-<part>`, so the
-  browser tests can find them.
+- the root widget carries the CSS class `la-<name>` (its `root_class`, from base.CourseWidget, which its repr
+  names), its key parts `la-<name>-<part>`, so the browser tests and the book can find them.
 """
 
 from .base import ErrorLine, guarded

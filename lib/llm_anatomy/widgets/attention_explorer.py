@@ -19,11 +19,13 @@ import ipywidgets as W
 from ..errors import CourseError
 from ..model.scratch import as_scratch, head_attention
 from ..views.attention import MAX_TOKENS, AttentionView, attention_view, heatmap_png
-from .base import ErrorLine, guarded
+from .base import CourseWidget, ErrorLine, guarded
 
 
-class AttentionExplorer(W.VBox):
+class AttentionExplorer(CourseWidget, W.VBox):
     """Prompt box, layer and head sliders, and the heatmap of that head's attention weights."""
+
+    root_class = "la-attention"
 
     def __init__(self, model, tokenizer, prompt: str = "The cat sat on the mat because it was tired.",
                  layer: int = 0, head: int = 0, max_tokens: int = MAX_TOKENS):
@@ -52,7 +54,7 @@ class AttentionExplorer(W.VBox):
         self.view: AttentionView | None = None
         super().__init__([self.prompt_box, W.HBox([self.show_button, self.layer_slider, self.head_slider]),
                           self.error, self.note, self.caption, self.heatmap])
-        self.add_class("la-attention")
+        self.add_class(self.root_class)
         self.show_button.on_click(lambda _: self.show())
         self.layer_slider.observe(lambda change: self.set_layer(change["new"]), names="value")
         self.head_slider.observe(lambda change: self.set_head(change["new"]), names="value")

@@ -1,4 +1,5 @@
-"""What every widget shares: an error line, and a decorator that keeps callbacks from raising."""
+"""What every widget shares: its root CSS class named in its repr, an error line, and a decorator that keeps
+callbacks from raising."""
 
 from __future__ import annotations
 
@@ -11,6 +12,25 @@ import ipywidgets as W
 from ..errors import CourseError
 
 log = logging.getLogger(__name__)
+
+
+class CourseWidget:
+    """Mixed into each course widget (before the ipywidgets class): its root CSS class, and a repr that names it.
+
+    A notebook keeps only a widget's text/plain repr (ipywidgets cuts its long one at 110 characters), so the repr
+    says which widget it is: `Stepper(root_class='la-stepper')`. The book (tools/site) reads the class from it to
+    show the widget's still, and the browser tests find the widget by it.
+    """
+
+    root_class = ""  # "la-<name>"; its parts are "la-<name>-<part>"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.root_class.startswith("la-"):
+            raise TypeError(f"{cls.__name__} needs a root_class 'la-<name>'")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(root_class={self.root_class!r})"
 
 
 class ErrorLine(W.HTML):

@@ -16,11 +16,13 @@ import ipywidgets as W
 
 from ..measure.kv_memory import DTYPES, FAMOUS_MODELS, KVReport, kv_report
 from ..views.kv_memory import report_html
-from .base import ErrorLine, guarded
+from .base import CourseWidget, ErrorLine, guarded
 
 
-class KVCalculator(W.VBox):
+class KVCalculator(CourseWidget, W.VBox):
     """Model, length, users, number format and GPU memory in; cache size and users that fit out."""
+
+    root_class = "la-kvcalc"
 
     def __init__(self, model: str = "Llama-3-8B", length: int = 8192, users: int = 8, dtype: str = "bf16",
                  gpu_memory_gib: float = 80.0):
@@ -41,7 +43,7 @@ class KVCalculator(W.VBox):
         self.report: KVReport | None = None
         super().__init__([W.HBox([self.model_box, self.dtype_box]), W.HBox([self.length_box, self.users_box]),
                           self.memory_box, self.error, self.result])
-        self.add_class("la-kvcalc")
+        self.add_class(self.root_class)
         self.model_box.observe(lambda c: self.set_model(c["new"]), names="value")
         self.length_box.observe(lambda c: self.set_length(c["new"]), names="value")
         self.users_box.observe(lambda c: self.set_users(c["new"]), names="value")

@@ -20,7 +20,7 @@ import ipywidgets as W
 from ..views import tokens as tv
 from ..tokens.bpe import BPETokenizer, utf8_bytes
 from ..errors import CourseError
-from .base import ErrorLine, guarded
+from .base import CourseWidget, ErrorLine, guarded
 
 MAX_TOKENS_SHOWN = 300  # tokens drawn; the counts always cover the whole text
 MAX_CHARS = 100_000  # longer text is cut here before tokenizing (and the widget says so)
@@ -43,12 +43,14 @@ def reference_ids(reference, text: str) -> list[int] | None:
     return list(reference(text))
 
 
-class TokenizerPlayground(W.VBox):
+class TokenizerPlayground(CourseWidget, W.VBox):
     """Type text and see how `tokenizer` (ours) splits it, against `reference` (the model's own).
 
     Callbacks, callable from tests: set_text(text), set_word(word). State after a successful update:
     `text`, `ids`, `ref_ids`, `word`, `trace_ids`. A refused input shows an error and changes nothing.
     """
+
+    root_class = "la-playground"
 
     def __init__(self, tokenizer: BPETokenizer, reference=None, text: str | None = None, word: str = " tokens",
                  max_tokens: int = MAX_TOKENS_SHOWN):
@@ -77,7 +79,7 @@ class TokenizerPlayground(W.VBox):
                         "A red outline means our id differs from the reference.</div>")
         super().__init__([self.textarea, self.error, self.summary, legend, self.tokens, self.id_table,
                           self.word_box, self.trace])
-        self.add_class("la-playground")
+        self.add_class(self.root_class)
         self.set_text(sample_paragraph() if text is None else text)
         self.set_word(word)
         self.textarea.value, self.word_box.value = self.text, self.word

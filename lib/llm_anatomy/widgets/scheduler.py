@@ -26,11 +26,13 @@ from ..errors import CourseError
 from ..serve.paged_kv import PagedKVPool
 from ..serve.scheduler import ContinuousScheduler
 from ..views.serving import scheduler_html
-from .base import ErrorLine, guarded
+from .base import CourseWidget, ErrorLine, guarded
 
 
-class SchedulerWidget(W.VBox):
+class SchedulerWidget(CourseWidget, W.VBox):
     """Prompt and output lengths, shared prefix; Submit, Step, Run to end, Reset; the pool and the requests."""
+
+    root_class = "la-serving"
 
     def __init__(self, model, *, num_blocks: int = 32, block_size: int = 8, max_batch: int = 4,
                  max_batched_tokens: int | None = 64, shared_prefix=None, tokens=None, seed: int = 0,
@@ -59,7 +61,7 @@ class SchedulerWidget(W.VBox):
         super().__init__([W.HBox([self.prompt_box, self.output_box, self.shared_box]),
                           W.HBox([self.submit_button, self.step_button, self.run_button, self.reset_button]),
                           self.error, self.view])
-        self.add_class("la-serving")
+        self.add_class(self.root_class)
         self.submit_button.on_click(lambda _: self.submit())
         self.step_button.on_click(lambda _: self.step())
         self.run_button.on_click(lambda _: self.run_to_end())

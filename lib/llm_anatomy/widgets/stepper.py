@@ -28,10 +28,12 @@ from ..generate.session import GenerationSession
 from ..generate.sampling import SamplingSettings
 from ..model.scratch import as_scratch
 from ..views.stepper import attention_html, cache_html, chart_html, text_html, times_html
-from .base import ErrorLine, guarded
+from .base import CourseWidget, ErrorLine, guarded
 
-class Stepper(W.VBox):
+class Stepper(CourseWidget, W.VBox):
     """Prefill, Step, Play/Pause, Reset; temperature, top-k, top-p; text, candidates, cache, times."""
+
+    root_class = "la-stepper"
 
     def __init__(self, loaded=None, *, model=None, tokenizer=None, prompt: str = "What is the capital of France?",
                  max_new_tokens: int = 64, temperature: float = 0.7, top_k: int = 50, top_p: float = 0.9,
@@ -99,7 +101,7 @@ class Stepper(W.VBox):
             W.HBox([self.chart, W.VBox([self.cache, self.times])]),
             self.attention_view,
         ])
-        self.add_class("la-stepper")
+        self.add_class(self.root_class)
 
     # ---- reading the controls --------------------------------------------------------------
     def _settings(self) -> SamplingSettings:

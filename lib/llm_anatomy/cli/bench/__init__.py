@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ...errors import CourseError
@@ -42,7 +43,18 @@ def progress(as_json: bool):
     return (lambda message: None) if as_json else (lambda message: print(message, file=sys.stderr))
 
 
+def _strict(value):
+    """The value with every NaN (a spread of one repeat: nothing to compare) as None, so the JSON is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def report(result: dict, as_json: bool, format_table) -> int:
     """Print the result as one JSON object or as the benchmark's table; the exit status is 0."""
-    print(json.dumps(result, indent=2) if as_json else format_table(result))
+    print(json.dumps(_strict(result), indent=2) if as_json else format_table(result))
     return 0

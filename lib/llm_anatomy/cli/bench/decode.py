@@ -23,7 +23,7 @@ from ...generate.decode import StaticDecoder, generate_greedy, prefill
 from ...device import default_dtype, pick_device, synchronize, timed
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
-from ...measure.timing import time_it
+from ...measure.timing import time_generation, time_interleaved, time_it
 from ...weights.random import random_llama
 from . import parser, progress, report, set_threads
 
@@ -109,13 +109,15 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
 
     ours_tokens = generate_greedy(model, prompt, n).tokens  # the warm-up runs give the tokens to compare
     theirs_tokens = hf_generate()
-    ours = time_it(lambda: generate_greedy(model, prompt, n), dev, warmup=0, repeats=reps)
-    theirs = time_it(hf_generate, dev, warmup=0, repeats=reps)
+    timings = time_interleaved({"ours": lambda: generate_greedy(model, prompt, n), "theirs": hf_generate}, dev,
+                               warmup=0, repeats=reps)  # in turns: a busy moment slows both alike
+    ours, theirs = timings["ours"], timings["theirs"]
     result["generate"] = {"prompt_tokens": p_len, "new_tokens": n,
                           "scratch_tokens_per_s": n / ours.median_s,
                           "transformers_tokens_per_s": n / theirs.median_s,
                           "ratio": theirs.median_s / ours.median_s,
-                          "same_tokens": bool(torch.equal(ours_tokens.cpu(), theirs_tokens.cpu()))}
+                          "same_tokens": bool(torch.equal(ours_tokens.cpu(), theirs_tokens.cpu())),
+                          "spread": {"scratch": ours.spread, "transformers": theirs.spread}}
     log(f"  scratch {n / ours.median_s:.1f} tokens/s, transformers {n / theirs.median_s:.1f} tokens/s")
 
     # 2. with and without the KV cache (one run each: the run without the cache is the slow one)
@@ -158,8 +160,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     steps = sizes["decode_steps"]
     for batch in sizes["batches"]:
         ids = prompt.expand(batch, -1).contiguous()
-        gen = generate_greedy(model, ids, steps + 1, timed=True)
-        tpot = gen.tpot_s
+        tpot = time_generation(model, ids, steps + 1, warmup=False).tpot_s  # the median decode step
         work = forward_work(cfg, 1, p_len + steps // 2, batch, elem, materialized_scores=True)
         result["decode_batch"].append({"batch": batch, "tpot_s": tpot, "tokens_per_s": batch / tpot,
                                        "flops_per_s": work.flops / tpot, "intensity": work.intensity})

@@ -15,19 +15,19 @@ variants are interleaved, run by run, so that a busy machine slows them all alik
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 
 import torch
 
 from ...model.attention import attention
 from ...generate.decode import StaticDecoder, generate_greedy
-from ...device import default_dtype, pick_device, timed
+from ...device import default_dtype, pick_device
 from ...errors import CourseError
 from ...fast.fused import compile_step, fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
+from ...measure.timing import time_interleaved, time_it
 from ...fast.quantize import time_int8_vs_fp32
 from ...fast.speculative import PromptLookupDraft, editing_task, speculative_generate
 from ...fast.tiled_attention import tiled_attention
@@ -35,17 +35,6 @@ from . import parser, progress, report, set_threads
 
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
            "tiled_peak_memory_ratio_4096": 0.1}  # the last one is a ceiling: at most a tenth
-
-
-def _interleaved(runs: dict, device, repeats: int) -> dict[str, float]:
-    """Median seconds of each callable, timed in rotation (A, B, C, A, B, C, ...) after one warm-up each."""
-    for fn in runs.values():
-        fn()
-    seconds = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            seconds[name].append(timed(fn, device)[0])
-    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def _load(dev, dtype, model_size: str):
@@ -103,14 +92,15 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
             "fused": lambda: generate_greedy(fused, chat, n).tokens,
             "fused_in_out": lambda: generate_greedy(fused_in_out, chat, n).tokens}
     tokens = {name: fn().cpu() for name, fn in ways.items()}
-    seconds = _interleaved(ways, dev, reps)
-    speed = {name: n / s for name, s in seconds.items()}
+    timings = time_interleaved(ways, dev, warmup=1, repeats=reps)  # in turns: a busy moment slows all alike
+    speed = {name: n / t.median_s for name, t in timings.items()}
     best = max(("plain", "fused", "fused_in_out"), key=speed.get)
     result["decode"] = {"new_tokens": n, "prompt_tokens": chat.shape[1],
                         "tokens_per_s": speed, "same_tokens": all(torch.equal(t, tokens["transformers"])
                                                                   for t in tokens.values()),
                         "fastest": best, "fused_vs_transformers": speed[best] / speed["transformers"],
-                        "plain_vs_transformers": speed["plain"] / speed["transformers"]}
+                        "plain_vs_transformers": speed["plain"] / speed["transformers"],
+                        "spread": {name: t.spread for name, t in timings.items()}}
 
     # 2. how close the fastest decode comes to the read bandwidth (weights + KV cache read per token)
     per_token = forward_work(plain.cfg, 1, chat.shape[1] + n // 2, 1, elem).bytes
@@ -130,8 +120,9 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
         def speculate(model=model, last=last):
             last["result"] = speculative_generate(model, editing, n, PromptLookupDraft(), k)
 
-        seconds = _interleaved({"plain": lambda model=model: generate_greedy(model, editing, n), "speculative": speculate},
-                               dev, reps)
+        timings = time_interleaved({"plain": lambda model=model: generate_greedy(model, editing, n),
+                                    "speculative": speculate}, dev, warmup=1, repeats=reps)
+        seconds = {name: t.median_s for name, t in timings.items()}
         spec = last["result"]
         result["speculative"]["by_model"][name] = {
             "same_tokens": spec.tokens == plain_tokens, "acceptance_rate": spec.acceptance_rate,
@@ -180,18 +171,19 @@ def _static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
     steps = lambda: [decoder.step() for _ in range(n)]  # noqa: E731  (the position runs on; the slots suffice)
     reset = lambda: decoder.pos.fill_(prompt.shape[1])  # noqa: E731
     out = {}
-    eager = statistics.median(timed(lambda: (reset(), steps()), dev)[0] for _ in range(reps))
+    run = lambda: (reset(), steps())  # noqa: E731
+    eager = time_it(run, dev, warmup=1, repeats=reps).median_s
     out["eager_tokens_per_s"] = n / eager
     if compile_:
         with torch.inference_mode():
             compiled, seconds, breaks = compile_step(decoder._step, dev, mode="reduce-overhead" if dev.type == "cuda" else None)
             decoder._step = compiled  # step() now runs the compiled step
-            t = statistics.median(timed(lambda: (reset(), steps()), dev)[0] for _ in range(reps))
+            t = time_it(run, dev, warmup=1, repeats=reps).median_s
         out.update(compile_seconds=seconds, graph_breaks=breaks, compiled_tokens_per_s=n / t)
     elif dev.type == "cuda":
         try:
             decoder.capture()
-            t = statistics.median(timed(lambda: (reset(), steps()), dev)[0] for _ in range(reps))
+            t = time_it(run, dev, warmup=1, repeats=reps).median_s
             out["cuda_graph_tokens_per_s"] = n / t
         except CourseError as err:
             out["cuda_graph_error"] = str(err)

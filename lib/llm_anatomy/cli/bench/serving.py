@@ -41,10 +41,10 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_size: int) -> dict:
     """TTFT of each question after the system prompt, with the prefix cache cold (miss) and warm (hit)."""
     from ...serve.batching import Request
-    from ...serve.paged_kv import PagedKVPool
+    from ...serve.paged_kv import PagedKVPool, blocks_for
     from ...serve.scheduler import ContinuousScheduler
 
-    blocks = 2 * -(-(len(system) + max(map(len, questions)) + 8) // block_size) + 4
+    blocks = 2 * blocks_for(len(system) + max(map(len, questions)) + 8, block_size) + 4
     miss, hit = [], []
     for question in questions:
         sched = ContinuousScheduler(model, PagedKVPool.for_model(model, blocks, block_size), 1, prefix_cache=True)
@@ -62,9 +62,9 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     from ...serve.batching import run_static
     from ...device import pick_device
     from ...measure.timing import decode_tokens_per_s
-    from ...serve.metrics import poisson_trace, serving_metrics, transformers_generate_batch
+    from ...serve.metrics import poisson_trace, serving_metrics, simulate_utilisation, transformers_generate_batch
     from ...weights.random import random_llama
-    from ...serve.paged_kv import PagedKVPool, simulate_utilisation
+    from ...serve.paged_kv import PagedKVPool, blocks_for
     from ...serve.scheduler import ContinuousScheduler
     from ...model.scratch import ScratchLlama
 
@@ -90,7 +90,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     log(f"serving {len(trace)} requests, static then continuous batching (batch {sizes['batch']}) ...")
     static = run_static(model, trace, max_batch=sizes["batch"])
     most = max(len(r.prompt) + r.max_new_tokens for r in trace)
-    pool = PagedKVPool.for_model(model, sizes["batch"] * -(-most // block_size) + 8, block_size)
+    pool = PagedKVPool.for_model(model, sizes["batch"] * blocks_for(most, block_size) + 8, block_size)
     cont = ContinuousScheduler(model, pool, sizes["batch"], sizes["budget"]).run(trace)
     s, c = serving_metrics(static, **targets), serving_metrics(cont, **targets)
     result["trace"] = {"requests": len(trace), "rate_per_s": sizes["rate"], "max_batch": sizes["batch"],
@@ -118,7 +118,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     together = [r.fresh() for r in trace[:sizes["cb_requests"]]]
     for r in together:
         r.arrival_s, r.max_new_tokens = 0.0, sizes["cb_tokens"]
-    pool = PagedKVPool.for_model(model, len(together) * -(-(most + sizes["cb_tokens"]) // block_size) + 8, block_size)
+    pool = PagedKVPool.for_model(model, len(together) * blocks_for(most + sizes["cb_tokens"], block_size) + 8, block_size)
     ours_engine = ContinuousScheduler(model, pool, len(together), sizes["budget"])
     ours = ours_engine.run(together)
     theirs_s, theirs = transformers_generate_batch(hf, [r.prompt for r in together], sizes["cb_tokens"], block_size)

@@ -17,6 +17,7 @@ import json
 import platform
 
 from ...device import timed
+from ...measure.timing import time_interleaved, time_it
 
 TARGETS = {"encode_ratio_max": 20.0, "train_1000_merges_s_max": 30.0, "playground_update_ms_max": 100.0}
 
@@ -29,12 +30,6 @@ def bench_text(n_bytes: int = 1_000_000) -> str:
     text = "\n".join([corpus, corpus.upper(), corpus.swapcase()])
     data = text.encode("utf-8")[:n_bytes]
     return data.decode("utf-8", errors="ignore")
-
-
-def _best(fn, repeat: int) -> tuple[float, object]:
-    """(the fastest of `repeat` runs in seconds, the last result)."""
-    runs = [timed(fn) for _ in range(repeat)]
-    return min(s for s, _ in runs), runs[-1][1]
 
 
 def run(repeat: int = 3, merges: int = 1000) -> dict:
@@ -51,32 +46,35 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
     ours = BPETokenizer.from_hf(reference)
     text = bench_text()
 
+    ids = {}
+    fresh = [Tokenizer.from_str(spec) for _ in range(repeat)]  # a fresh Rust tokenizer has an empty cache too
+
     def encode_ours():
         ours._cache.clear()  # start cold, every run
-        return ours.encode(text)
+        ids["ours"] = ours.encode(text)
 
     def encode_rust():
-        fresh = Tokenizer.from_str(spec)  # a fresh Rust tokenizer has an empty cache too
-        return timed(lambda: fresh.encode(text, add_special_tokens=False).ids)
+        ids["rust"] = fresh.pop().encode(text, add_special_tokens=False).ids
 
-    ours_s, our_ids = _best(encode_ours, repeat)
-    rust_runs = [encode_rust() for _ in range(repeat)]
-    rust_s, rust_ids = min(rust_runs, key=lambda r: r[0])
-    hf_s, hf_ids = _best(lambda: reference(text, add_special_tokens=False).input_ids, repeat)
+    def encode_transformers():
+        ids["transformers"] = reference(text, add_special_tokens=False).input_ids
+
+    timings = time_interleaved({"ours": encode_ours, "rust": encode_rust, "transformers": encode_transformers},
+                               warmup=0, repeats=repeat)  # in turns; the fastest of each counts
+    ours_s, rust_s, hf_s = (timings[name].min_s for name in ("ours", "rust", "transformers"))
+    our_ids, rust_ids, hf_ids = ids["ours"], ids["rust"], ids["transformers"]
 
     corpus = load_corpus()
-    train_s, trained = _best(lambda: BPETokenizer.train(corpus, 256 + merges), 1)
-    hf_train_s, hf_merges = _best(lambda: hf_trained_merges(corpus, 256 + merges), 1)
+    train_s, trained = timed(lambda: BPETokenizer.train(corpus, 256 + merges))
+    hf_train_s, hf_merges = timed(lambda: hf_trained_merges(corpus, 256 + merges))
     same = sum(1 for a, b in zip(learned_merges(trained), hf_merges) if a == b)
 
     from ...widgets.playground import TokenizerPlayground, sample_paragraph
 
     widget = TokenizerPlayground(ours, reference)
     paragraph = sample_paragraph()
-    widget.set_text("warm up")
-    times = []
-    for k in range(5):  # a slightly different paragraph each time, as when typing
-        times.append(timed(lambda: widget.set_text(paragraph + " " * k))[0])
+    typed = iter(paragraph + " " * k for k in range(6))  # a slightly different paragraph each time, as when typing
+    update = time_it(lambda: widget.set_text(next(typed)), warmup=1, repeats=5)
     return {
         "text_bytes": len(text.encode("utf-8")),
         "tokens": len(our_ids),
@@ -91,8 +89,8 @@ def run(repeat: int = 3, merges: int = 1000) -> dict:
         "tokenizers_train_s": hf_train_s,
         "merges_equal_to_tokenizers": same,
         "playground_paragraph_chars": len(paragraph),
-        "playground_update_ms": 1000 * min(times),
-        "playground_update_ms_max": 1000 * max(times),
+        "playground_update_ms": 1000 * update.min_s,
+        "playground_update_ms_max": 1000 * update.max_s,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
     }
 

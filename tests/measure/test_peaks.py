@@ -1,0 +1,48 @@
+"""The machine's peaks: a matmul's FLOP/s and the read bandwidth, measured, and the data sheets (never speed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.measure.peaks import measure_bandwidth, measure_matmul_flops, measure_peaks, peaks_table, published_peaks
+
+
+def test_measured_peaks_are_positive_finite_numbers():
+    flops = measure_matmul_flops("cpu", size=64, repeats=2)
+    read = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2)
+    copy = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, method="copy")
+    triad = measure_bandwidth("cpu", nbytes=1 << 20, repeats=2, method="triad")
+    for value in (flops, read, copy, triad):
+        assert math.isfinite(value) and value > 0
+    with pytest.raises(CourseError, match="sum"):
+        measure_bandwidth("cpu", method="scan")
+    peaks = measure_peaks("cpu", quick=True)
+    assert peaks.published is None and "matmul" in peaks.how and peaks.dtype == "fp32"
+    assert set(peaks.bandwidth_by_method) == {"sum", "copy", "triad"}
+    assert peaks.bytes_per_s == max(peaks.bandwidth_by_method.values())  # the best of the three
+    table = peaks_table(peaks)
+    assert "this machine (measured, fp32)" in table and "H200 (data sheet, bf16)" in table
+    assert "T4 (data sheet, fp16)" in table  # no bf16 tensor cores on a T4: its peak is fp16's
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("Tesla T4", (65e12, 320e9, "fp16")),
+    ("NVIDIA L4", (121e12, 300e9, "bf16")),
+    ("NVIDIA A100-SXM4-80GB", (312e12, 2039e9, "bf16")),
+    ("NVIDIA A100-SXM4-40GB", (312e12, 1555e9, "bf16")),
+    ("NVIDIA H100 80GB HBM3", (989e12, 3350e9, "bf16")),
+    ("NVIDIA H100 PCIe", (756e12, 2000e9, "bf16")),
+    ("NVIDIA H200", (989e12, 4800e9, "bf16")),
+    ("NVIDIA L40S", None),  # not the L4
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_published_peaks_match_by_device_name(name, expected):
+    found = published_peaks(name)
+    if expected is None:
+        assert found is None
+    else:
+        assert found[:2] == pytest.approx(expected[:2]) and found[2] == expected[2]
+

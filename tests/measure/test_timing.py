@@ -1,0 +1,97 @@
+"""The one repeat-timer (time_it, time_interleaved), the spread of its repeats, and the latencies named once."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.measure.timing import (NOISY_SPREAD, Timing, decode_tokens_per_s, end_to_end_s, inter_token_gaps_s,
+                                        mean_token_gap_s, median_decode_step_s, time_generation, time_interleaved,
+                                        time_it, time_to_first_token_s)
+from llm_anatomy.model.scratch import ScratchLlama
+
+
+def test_time_it_warms_up_then_repeats():
+    calls = []
+    timing = time_it(lambda: calls.append(1), "cpu", warmup=2, repeats=5)
+    assert len(calls) == 7 and len(timing.times_s) == 5 and timing.warmup == 2
+    assert all(t >= 0 for t in timing.times_s)
+    assert timing.min_s <= timing.median_s <= timing.max_s
+    assert timing.median_ms == pytest.approx(timing.median_s * 1e3)
+    assert "median" in repr(timing) and "spread" in repr(timing)
+    with pytest.raises(CourseError):
+        time_it(lambda: None, "cpu", repeats=0)
+
+
+def test_candidates_take_turns_so_a_busy_moment_hits_them_all():
+    order = []
+    timings = time_interleaved({name: (lambda name=name: order.append(name)) for name in "abc"}, warmup=1, repeats=3)
+    assert order == list("abc") * 4  # one warm-up round, then three timed rounds, A B C each time
+    assert list(timings) == ["a", "b", "c"] and all(len(t.times_s) == 3 for t in timings.values())
+    # A stall during one round lands in every candidate's times, not in one candidate's figure.
+    clock = {"round": 0}
+
+    def slow_in_round_two(name):
+        if name == "a":
+            clock["round"] += 1
+        if clock["round"] == 2:
+            torch.ones(200_000).cumsum(0)  # busy work, in every candidate's turn of round two
+    stalled = time_interleaved({n: (lambda n=n: slow_in_round_two(n)) for n in "ab"}, warmup=0, repeats=3)
+    slowest = {name: t.times_s.index(t.max_s) for name, t in stalled.items()}
+    assert slowest == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize("bad", [{}, {"a": 3}])
+def test_bad_candidates_are_refused(bad):
+    with pytest.raises(CourseError, match="name: function"):
+        time_interleaved(bad)
+
+
+def test_the_spread_says_when_repeats_disagree():
+    steady = Timing([1.0, 1.01, 0.99, 1.0, 1.02], 1)
+    assert steady.spread < 0.05 and not steady.noisy and steady.noise_warning() == ""
+    busy = Timing([1.0, 1.0, 2.0, 2.0], 1)  # half the repeats twice as slow
+    assert busy.spread == pytest.approx(1.0 / 1.5) and busy.spread > NOISY_SPREAD and busy.noisy
+    assert "67%" in busy.noise_warning() and "rough" in busy.noise_warning()
+    one_stall = Timing([1.0] * 9 + [10.0], 1)  # one page fault among ten: the median and the spread stay put
+    assert one_stall.median_s == 1.0 and one_stall.spread == 0.0 and not one_stall.noisy
+    single = Timing([1.0], 0)
+    assert math.isnan(single.spread) and not single.noisy and single.noise_warning() == ""
+    assert Timing([3.0, 1.0, 2.0], 0).median_s == 2.0
+
+
+def test_the_two_tpots_are_named_apart():
+    # one request: first token at 0.5 s after arriving at 0, then gaps of 0.1, 0.1 and a stall of 1.0 s
+    times = [0.5, 0.6, 0.7, 1.7]
+    assert time_to_first_token_s(0.0, times) == 0.5 and end_to_end_s(0.0, times) == 1.7
+    assert inter_token_gaps_s(times) == pytest.approx([0.1, 0.1, 1.0])  # ITL
+    assert mean_token_gap_s(times) == pytest.approx(0.4)  # a served request's TPOT: the stall counts
+    assert median_decode_step_s(inter_token_gaps_s(times)) == pytest.approx(0.1)  # a generation's: it does not
+    assert mean_token_gap_s([0.25]) == 0.0 and inter_token_gaps_s([0.25]) == []
+    with pytest.raises(CourseError, match="no token"):
+        mean_token_gap_s([])
+    with pytest.raises(CourseError, match="at least one decode step"):
+        median_decode_step_s([])
+
+
+def test_time_generation_gives_ttft_and_tpot(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    t = time_generation(model, ids, new_tokens=5, repeats=3)
+    assert t.prompt_tokens == 12 and t.batch == 2 and len(t.step_seconds) == 5
+    assert t.ttft_s > 0 and t.tpot_s > 0
+    assert t.decode_tokens_per_s == pytest.approx(2 / t.tpot_s)
+    assert t.prefill_tokens_per_s == pytest.approx(24 / t.ttft_s)
+    assert len(t.prefill_seconds) == 3 and t.ttft_s == sorted(t.prefill_seconds)[1]  # the median of the runs
+    single = time_generation(model, ids, new_tokens=4, warmup=False)
+    assert single.tpot_s == median_decode_step_s(single.step_seconds[1:])  # the last run's steps, one run
+    with pytest.raises(CourseError, match="at least 2 new tokens"):
+        time_generation(model, ids, new_tokens=1)
+
+
+def test_decode_speed_is_a_positive_rate(tiny_model):
+    speed = decode_tokens_per_s(ScratchLlama.from_hf(tiny_model), batch=3, context=40, repeats=2)
+    assert math.isfinite(speed) and speed > 0
