@@ -101,12 +101,18 @@ def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> Non
 def check_train(train, vocab_size: int = 256 + 40) -> str:
     """Exercise 1.1: train(text, vocab_size) -> {(left id, right id): new id}, in the order learned."""
     expect(callable(train), "define a function train(text, vocab_size) that returns the merges as a dict.")
+    first = None
     for text, size in ((HELD_BACK, vocab_size), (HELD_BACK_2, 256 + 27)):
         expected, history = bpe_train.train_plain(text, size)
         with _no_trainer():
             got = call(train, text, size)
         expect(got is not None, "your function returned None: end it with `return merges`.")
-        _check_merges(_as_pairs(got), text, size, expected)
+        got = _as_pairs(got)
+        expect(first is None or got[:len(expected)] != first[:len(expected)],
+               "you returned the same merges for two different texts: learn them from `text`, the text the check "
+               "passes (and stop at `vocab_size`), not from a text or a table fixed in advance.")
+        _check_merges(got, text, size, expected)
+        first = got
     return (f"the same merges as the library on two texts you had not seen, at two vocabulary sizes (the last merge "
             f"was seen {history[-1].count} times). The fast trainer below learns exactly these.")
 

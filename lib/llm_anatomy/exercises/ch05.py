@@ -168,13 +168,13 @@ def check_generate_until_stop(generate_until_stop) -> str:
         out = returned(call(generate_until_stop, rec, ids.clone(), n, set(stop_ids)), "pair",
                        "(the new ids, the reason)")
         got, reason = returned(out[0], "ids", "the new token ids"), out[1]
+        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
+        expect(on_prompt is None, on_prompt or "")
         expect(len(rec.fed) > 0, "your loop never called the model: logits = model(ids).")
         prompt = ids[0].tolist()
         expect(got[:prompt_len] != prompt or want[:prompt_len] == prompt,
                f"you returned the prompt too: return only the new tokens, the ones made after the prompt's "
                f"{prompt_len}.")
-        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
-        expect(on_prompt is None, on_prompt or "")
         expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
                                     "logits, logits[0, -1] (position 0 predicts the second prompt token).")
         if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:

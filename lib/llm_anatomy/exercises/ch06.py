@@ -32,11 +32,12 @@ def check_kv_bytes_per_token(fn) -> str:
     expect(callable(fn), "give a function kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element).")
     for name, (args, expected) in _KNOWN.items():
         got = returned(call(fn, *args), "whole", "the bytes per token")
-        if got * args[3] == expected:
-            expect(False, f"{name}: you got {got:,}, the NUMBERS of K and V per token; multiply by bytes_per_element "
-                          f"({args[3]} bytes per number) to get bytes.")
-        if got == expected / 2:
-            expect(False, f"{name}: you got {got:,}, half the answer. Both K and V are stored: multiply by 2.")
+        if got != expected and (got * args[3] == expected or got == expected / 2):
+            twice = returned(call(fn, *args[:3], 2 * args[3]), "whole", "the bytes per token")
+            expect(twice != got, f"{name}: you got {got:,}, the NUMBERS of K and V per token, the same whatever "
+                                 f"the format; multiply by bytes_per_element ({args[3]} bytes per number here).")
+            expect(got != expected / 2, f"{name}: you got {got:,}, half the answer. Both K and V are stored: "
+                                        "multiply by 2.")
         if got == expected // args[0]:
             expect(False, f"{name}: you got {got:,}. Every layer has its own K and V: multiply by the layers.")
         expect(got == expected, f"{name}: expected {expected:,} bytes per token, got {got!r}. "
