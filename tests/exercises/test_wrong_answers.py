@@ -469,7 +469,8 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch06.check_kv_bytes_per_token, lambda check, a: check(a)),
     (ch07.check_decode_work, lambda check, a: check(a)), (ch07.check_step_bounds, lambda check, a: check(a)),
     (ch08.check_admission, lambda check, a: check(a)), (ch08.check_block_keys, lambda check, a: check(a)),
-    (ch09.check_dequantize_q4_1_block, lambda check, a: check(a)), (ch09.check_online_update, lambda check, a: check(a)),
+    (ch09.check_dequantize_q4_1_block, lambda check, a: check(a)),
+    (ch09.check_online_update, lambda check, a: check(a)),
     (ch09.check_speculative_rule, lambda check, a: check(a, a)),
 ]
 _VALUES = [
@@ -501,7 +502,7 @@ def test_a_value_of_the_wrong_kind_is_told_what_to_give(check, run, answer):
     _says_what_to_return(run(check, answer))
 
 
-# =========================================================================== 5. the learner's code cannot break the notebook
+# =========================================================================== 5. the learner cannot break the notebook
 
 
 def test_1_3_a_function_that_pops_the_merges_leaves_the_tokenizer_whole(ours):

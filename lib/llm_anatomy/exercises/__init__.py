@@ -1,4 +1,4 @@
-"""Automatic checks for the notebooks' exercises; each chapter's checks live in chNN.py, solutions in workshop/solutions.
+"""Automatic checks for the notebooks' exercises: chNN.py holds a chapter's checks, workshop/solutions its answers.
 
 A check is a plain function decorated with @exercise. It receives the learner's answer (a value, or a function
 to call), calls it through `call`, and calls expect(condition, message) for each thing it checks. What comes
@@ -35,8 +35,32 @@ The tools a check is built from:
                          scores, the mask and the softmax yourself"):
           out = call(attend, q.clone(), k.clone(), v.clone())
 
+  The learner sees "don't call torch.nn.functional.scaled_dot_product_attention here: write the scores, ...". A
+  refused object is refused wherever it is called while the guard is open, inside library code the learner calls
+  too (a shortcut through another library function is a shortcut), so open the guard around the learner's call
+  only and compute the reference outside it. Limits: a C function that C code calls is seen only for torch
+  targets; a compiled class (tokenizers' Rust types) is watched, not replaced; `when=` targets are watched, not
+  replaced.
+
   Hand the learner copies of anything the notebook keeps using (tensors cloned, dicts and lists copied), so that
   code which mutates its arguments cannot break a later cell.
+
+A check, then, reads like this (tests/exercises/test_wrong_answers.py holds every typical mistake and shortcut,
+each shown refused with the message that names it; the chapter's test file runs the solution):
+
+    @exercise
+    @hints("a nudge", "the key idea", "the outline")
+    def check_one_head(attend) -> str:
+        expect(callable(attend), "define a function attend(q, k, v).")
+        for q, k, v in unseen_inputs():
+            with forbidden_all(shortcuts, "write the scores, the mask and the softmax yourself"):
+                out = returned(call(attend, q.clone(), k.clone(), v.clone()), "tensor", "the head's output")
+            expect(out.shape == q.shape, f"return [seq, head_dim], not {list(out.shape)}.")
+            if not close(out, reference(q, k, v)):
+                for change, message in TYPICAL_MISTAKES:  # what each mistake computes, and its name
+                    expect(not close(out, reference(q, k, v, **change)), message)
+                expect(False, "the generic steps, as a last resort")
+        return "what the learner has now shown"
 * `hints(...)` and `hint(check)`: hints revealed one at a time, a nudge first, the outline last:
 
       @exercise

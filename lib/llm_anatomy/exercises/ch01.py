@@ -90,7 +90,7 @@ def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> Non
 
 
 @exercise
-@hints("Work chunk by chunk: what does each chunk start as, and what does one round of the loop do to every one of them?",
+@hints("Work chunk by chunk: what does each chunk start as, and what does one round of the loop do to all of them?",
        "Cut the text with bpe.PreSplitter()(text); each chunk starts as its UTF-8 byte ids. Each round: count every "
        "adjacent pair inside every chunk (bpe.pair_counts(ids, counts) adds one chunk's pairs), pick "
        "bpe.most_frequent(counts), give it the next id, and replace it in every chunk with bpe.merge (which returns "

@@ -26,7 +26,8 @@ def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
 def _no_library_dequantize() -> forbidden_all:
     quants = sys.modules.get("gguf.quants")
     return forbidden_all([(gguf_blocks, name) for name in ("dequantize_q4_1", "dequantize_gguf", "q4_1_blocks")]
-                         + [(quants, "dequantize")], "read d, m and the codes yourself: the block layout is the exercise")
+                         + [(quants, "dequantize")],
+                         "read d, m and the codes yourself: the block layout is the exercise")
 
 
 @exercise
