@@ -137,3 +137,27 @@ def test_the_stamp_tool_finds_nothing_to_change():
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "stamp_notebooks.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _live_hint_calls(source: str) -> list[int]:
+    """Lines where a cell calls chNN.hint(...) (or hint(...)) itself: Run All would reveal, and use up, a hint."""
+    source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
+    return sorted(node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                  and (getattr(node.func, "attr", None) == "hint" or getattr(node.func, "id", None) == "hint"))
+
+
+def test_no_hint_is_revealed_on_run_all(notebook):
+    """Hints are opt-in: every hint cell holds the call commented out, for the learner to uncomment."""
+    path, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            lines = _live_hint_calls(cell.source)
+            assert not lines, (f"{path.name}, cell {index}, line {lines[0]}: a hint call runs on Run All; comment it "
+                               "out: `# chNN.hint(chNN.check_...)  # uncomment for a hint; run again for the next one`")
+
+
+def test_a_live_hint_call_is_found():
+    assert _live_hint_calls("ch01.hint(ch01.check_train)") == [1]
+    assert _live_hint_calls("x = 1\nshown = ch05.hint(ch05.check_top_p)") == [2]
+    assert _live_hint_calls("# ch01.hint(ch01.check_train)  # uncomment for a hint") == []
+    assert _live_hint_calls("ch01.check_train(train)\n%time ch01.hint(ch01.check_train)") == []

@@ -14,26 +14,42 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 
 CLAIM_ID = re.compile(r"^C\d{1,2}$")
+GREEN, BLUE, RED = "#1b7f3b", "#1f4e79", "#b00020"  # holds / a reading / not yet
 
 
 class ClaimFailed(AssertionError):
     """The evidence shown by a cell does not support the claim it demonstrates."""
 
 
+@dataclass(frozen=True, repr=False)
 class Verdict:
-    """What `claim` and `reading` return: a line of text that notebooks show in colour."""
+    """One line that a notebook shows in colour: what `claim`, `reading` and every exercise check return.
 
-    def __init__(self, text: str, colour: str):
-        self.text, self.colour = text, colour
+    mark: the line's opening words ("\u2714 C8 holds:", "Correct!", "Not yet:"); message: the rest; passed: False
+    only for an exercise answer that is not right yet (a claim that fails raises instead); name: the exercise
+    check that gave it, if any.
+    """
 
-    def __repr__(self) -> str:
-        return self.text
+    mark: str
+    message: str
+    colour: str
+    passed: bool = True
+    name: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        return f"{self.mark} {self.message}"
+
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
         return (f'<div style="border-left:4px solid {self.colour};padding:2px 8px;color:{self.colour}">'
-                f"{html.escape(self.text)}</div>")
+                f"<b>{html.escape(self.mark)}</b> {html.escape(self.message)}</div>")
 
 
 def claim(claim_id: str, holds, evidence: str) -> Verdict:
@@ -47,11 +63,11 @@ def claim(claim_id: str, holds, evidence: str) -> Verdict:
     ok = bool(holds)
     if not ok:
         raise ClaimFailed(f"{claim_id} NOT shown on this machine: {evidence}")
-    return Verdict(f"\u2714 {claim_id} holds: {evidence}", "#1b7f3b")
+    return Verdict(f"\u2714 {claim_id} holds:", evidence, GREEN)
 
 
 def reading(claim_id: str, text: str) -> Verdict:
     """A measurement that depends on the hardware, printed for the prose to read (never asserted)."""
     if not isinstance(claim_id, str) or not CLAIM_ID.match(claim_id):
         raise ValueError(f"claim_id must be 'C' and a number, such as 'C11', not {claim_id!r}.")
-    return Verdict(f"\u25b8 {claim_id} on this machine: {text}", "#1f4e79")
+    return Verdict(f"\u25b8 {claim_id} on this machine:", text, BLUE)

@@ -14,7 +14,9 @@ def test_count_parameters_on_the_toy():
     twice = lambda m: sum(t.numel() for t in m.state_dict().values())  # noqa: E731  (the tied table twice)
     not_yet(ch00.check_count_parameters(twice), "twice", "tied")
     not_yet(ch00.check_count_parameters(lambda m: 135), "60 numbers")
-    not_yet(ch00.check_count_parameters(lambda m: 60.0), "whole number")
+    not_yet(ch00.check_count_parameters(lambda m: 60.5), "whole number")
+    assert ch00.check_count_parameters(lambda m: 60.0).passed  # 60.0 is 60
+    not_yet(ch00.check_count_parameters(lambda m: None), "return")
     not_yet(ch00.check_count_parameters(unattempted), "not attempted")
     not_yet(ch00.check_count_parameters(None), "define a function")
 

@@ -114,7 +114,8 @@ def test_encode_chunk_mistakes_get_specific_messages(ours):
     not_yet(ch01.check_encode_chunk(leftmost), "lowest-ranked pair first")
     not_yet(ch01.check_encode_chunk(one_round), "keep merging")
     not_yet(ch01.check_encode_chunk(first_only), "every occurrence")
-    not_yet(ch01.check_encode_chunk(lambda ids, merges: tuple(ids)), "list")
+    not_yet(ch01.check_encode_chunk(lambda ids, merges: "abc"), "list of ints")
+    not_yet(ch01.check_encode_chunk(lambda ids, merges: None), "return")
     not_yet(ch01.check_encode_chunk(unattempted), "not attempted")
     not_yet(ch01.check_encode_chunk(lambda ids, merges: ours.encode(bytes(ids).decode("latin-1"))), "don't call")
 

@@ -38,7 +38,8 @@ def test_temperature_mistakes():
     assert "divide" in ch05.check_temperature(lambda l, t: torch.softmax(l * t, -1)).message
     assert "softmax" in ch05.check_temperature(lambda l, t: l / t).message
     assert "expected" in ch05.check_temperature(lambda l, t: torch.softmax(l, -1)).message
-    assert "tensor" in ch05.check_temperature(lambda l, t: [0.25] * 4).message
+    assert "expected" in ch05.check_temperature(lambda l, t: [0.25] * 4).message  # a list is read as a tensor
+    assert "tensor" in ch05.check_temperature(lambda l, t: "0.25").message
 
 
 def test_top_k_mistakes():

@@ -6,7 +6,7 @@ import pytest
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch07
-from llm_anatomy.measure.roofline import block_parameters, forward_work
+from llm_anatomy.measure.roofline import forward_work
 from llm_anatomy.weights.random import RANDOM_SHAPES
 
 solutions = load_solutions("ch07")
@@ -32,7 +32,9 @@ def _variant(**drop):
     """decode_work with one typical mistake."""
     def work(cfg, past, size):
         L, H, K, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        block, head, n = block_parameters(cfg), cfg.vocab_size * cfg.hidden_size, past + 1
+        h, q, kv_width = cfg.hidden_size, H * d, K * d
+        block = L * (h * q + 2 * h * kv_width + q * h + 3 * h * cfg.intermediate_size)  # by hand: the check refuses
+        head, n = cfg.vocab_size * cfg.hidden_size, past + (0 if drop.get("past_only") else 1)
         flops_per_weight = 1 if drop.get("one_flop") else 2
         flops = flops_per_weight * block + (0 if drop.get("no_head") else flops_per_weight * head)
         flops += 0 if drop.get("no_attention") else 4 * L * H * d * n / (2 if drop.get("one_flop") else 1)
@@ -46,13 +48,14 @@ def _variant(**drop):
 @pytest.mark.parametrize("mistake, words", [
     ("one_flop", "2 FLOPs"), ("no_head", "LM head"), ("no_attention", "attention's own FLOPs"),
     ("no_kv", "KV cache"), ("only_k", "multiply by 2"), ("heads", "kv_heads"), ("embedding_too", "one row"),
+    ("past_only", "past + 1 positions"),
 ])
 def test_decode_work_mistakes(mistake, words):
     not_yet(ch07.check_decode_work(_variant(**{mistake: True})), words)
 
 
 def test_other_wrong_answers_get_hints():
-    not_yet(ch07.check_decode_work(lambda cfg, past, size: 1.0), "two numbers")
+    not_yet(ch07.check_decode_work(lambda cfg, past, size: 1.0), "two things", "(flops, bytes)")
     not_yet(ch07.check_decode_work(unattempted), "not attempted")
     right = ch07.ridge_batch(SMOL, 16, 4, 6.0)
     not_yet(ch07.check_ridge_batch(2 * right, SMOL, 16, 4, 6.0), "twice too big")

@@ -75,7 +75,7 @@ def test_online_softmax_mistakes():
     not_yet(ch09.check_online_update(no_rescale), "exp(m_old - m_new)")
     not_yet(ch09.check_online_update(upside_down), "upside down")
     not_yet(ch09.check_online_update(forgets_o), "o: rescale")
-    not_yet(ch09.check_online_update(lambda m, l, o, s, v: (m, l)), "three tensors")
+    not_yet(ch09.check_online_update(lambda m, l, o, s, v: (m, l)), "three things", "(m, l, o)")
 
 
 def test_speculative_rule_mistakes():
@@ -88,5 +88,5 @@ def test_speculative_rule_mistakes():
     not_yet(ch09.check_speculative_rule(solutions.acceptance_probability, resample_from_p), "twice")
     not_yet(ch09.check_speculative_rule(solutions.acceptance_probability, unnormalised), "normalise")
     not_yet(ch09.check_speculative_rule(lambda p, q, x: float(p[x] / q[x]), solutions.residual), "exceed 1")
-    not_yet(ch09.check_speculative_rule(lambda p, q, x: 1.0, solutions.residual), "not as p")
+    not_yet(ch09.check_speculative_rule(lambda p, q, x: 1.0, solutions.residual), "min(1, p[x] / q[x])")
     not_yet(ch09.check_speculative_rule(solutions.acceptance_probability, lambda p, q: p[:2]), "shape")

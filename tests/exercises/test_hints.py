@@ -49,7 +49,8 @@ def test_three_hints_from_a_nudge_to_an_outline_one_at_a_time(check):
         shown = [hint(check) for _ in range(4)]
         assert [len(h.shown) for h in shown] == [1, 2, 3, 3] and shown[0].total == 3
         nudge = shown[0].shown[0]
-        assert "return" not in nudge and "def " not in nudge and "=" not in nudge  # a nudge, not the code
+        # a nudge, not the code: no return, no definition, no assignment, no call, no indexing
+        assert not re.search(r"\breturn\b|\bdef |=|\w\(|\w\[|\brange\b", nudge), nudge
         assert "last hint" in str(shown[-1]) and "solution" in str(shown[-1])
     finally:
         reset_hints()

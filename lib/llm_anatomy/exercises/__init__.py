@@ -1,67 +1,115 @@
-"""Automatic checks for the notebooks' short exercises.
+"""Automatic checks for the notebooks' exercises: chNN.py holds a chapter's checks, workshop/solutions its answers.
 
-A check is a plain function decorated with @exercise. It receives the learner's answer
-(a value, or a function to call) and calls expect(condition, hint) for each thing it checks.
-What comes back is a Verdict that notebooks show as a green or red line:
+A check is a plain function decorated with @exercise. It receives the learner's answer (a value, or a function
+to call), calls it through `call`, and calls expect(condition, message) for each thing it checks. What comes
+back is a claims.Verdict that the notebook shows as a green or red line:
 
-    >>> from llm_anatomy.exercises import ch00
     >>> ch00.check_eos_token("<|im_end|>", tokenizer)
     Correct! ...
 
-The check never raises: a learner's NotImplementedError means "not attempted yet", any
-other exception in the learner's code becomes a red verdict that names it. This keeps every
-notebook runnable top to bottom, with the exercises still open.
-Each chapter's checks live in chNN.py beside this file; solutions live in workshop/solutions.
+A check never raises. A learner's NotImplementedError means "not attempted yet"; an exception in the learner's
+code (anything `call` ran) becomes a red line that names it; anything else a check stumbles on becomes a red
+line that asks for what the exercise wants. Every notebook stays runnable top to bottom with the exercises open.
 
-Hints come one at a time, so that a learner who is stuck gets a nudge before the answer:
+The tools a check is built from:
+
+* `returned(value, kind, what)`: the learner's result as the kind the check compares, or a red line that says
+  what to return ("return a number (the loss), not None"). Near-miss types are accepted where they mean the same:
+  kinds "number" (int, float, NumPy scalar, one-element tensor -> float), "whole" (also 65.0 from `//` on floats,
+  np.int64 -> int), "id" (a token id: int, NumPy or tensor integer, never a float -> int), "ids" (a list, tuple
+  or tensor of ids, flattened -> list[int]), "id set" (-> set[int]), "tensor" (a tensor, NumPy array or list ->
+  torch.Tensor), "text" (-> str), "pair" and "triple" (a tuple or list of 2 or 3 things -> tuple).
+* `forbidden(owner, "name", why)` and `forbidden_all(targets, why)`: where the method is the lesson, refuse the
+  library's shortcut while the learner's code runs. A target is an (owner, "name") pair (a module or class and
+  one attribute; an owner of None is skipped, for a module that may not be imported) or the callable itself.
+  The refusal is alias-proof: it is the function object that is refused, however it was reached, `from x import
+  f`, a name bound by an earlier cell, a default argument, a dict, a closure, `functools.partial`; a method
+  whatever the instance (`ours.chunks(...)`), or a C method reached from an instance (`x.softmax(-1)` for
+  (torch.Tensor, "softmax")); a class, by every method it defines. Three watches do it: the owner's attribute
+  is replaced by a refusal for the duration, sys.setprofile sees every call of the refused objects from Python
+  code, and for torch targets a TorchFunctionMode sees them even when C code calls them. The learner's code
+  cannot swallow a refusal: a check that saw one refuses when the block ends. `when=` narrows the refusal to the
+  calls whose arguments (a dict of the Python target's parameters) it accepts:
+
+      with forbidden_all([(torch.nn.functional, "scaled_dot_product_attention"), attention.attention], "write the
+                         scores, the mask and the softmax yourself"):
+          out = call(attend, q.clone(), k.clone(), v.clone())
+
+  The learner sees "don't call torch.nn.functional.scaled_dot_product_attention here: write the scores, ...". A
+  refused object is refused wherever it is called while the guard is open, inside library code the learner calls
+  too (a shortcut through another library function is a shortcut), so open the guard around the learner's call
+  only and compute the reference outside it. Limits: a C function that C code calls is seen only for torch
+  targets; a compiled class (tokenizers' Rust types) is watched, not replaced; `when=` targets are watched, not
+  replaced.
+
+  Hand the learner copies of anything the notebook keeps using (tensors cloned, dicts and lists copied), so that
+  code which mutates its arguments cannot break a later cell.
+
+A check, then, reads like this (tests/exercises/test_wrong_answers.py holds every typical mistake and shortcut,
+each shown refused with the message that names it; the chapter's test file runs the solution):
 
     @exercise
-    @hints("a nudge", "the key idea", "an outline of the code")
-    def check_train(train): ...
+    @hints("a nudge", "the key idea", "the outline")
+    def check_one_head(attend) -> str:
+        expect(callable(attend), "define a function attend(q, k, v).")
+        for q, k, v in unseen_inputs():
+            with forbidden_all(shortcuts, "write the scores, the mask and the softmax yourself"):
+                out = returned(call(attend, q.clone(), k.clone(), v.clone()), "tensor", "the head's output")
+            expect(out.shape == q.shape, f"return [seq, head_dim], not {list(out.shape)}.")
+            if not close(out, reference(q, k, v)):
+                for change, message in TYPICAL_MISTAKES:  # what each mistake computes, and its name
+                    expect(not close(out, reference(q, k, v, **change)), message)
+                expect(False, "the generic steps, as a last resort")
+        return "what the learner has now shown"
+* `hints(...)` and `hint(check)`: hints revealed one at a time, a nudge first, the outline last:
 
-    ch01.hint(ch01.check_train)     # shows hint 1 of 3; run it again for the next one
+      @exercise
+      @hints("a nudge (no code)", "the key idea", "an outline of the code")
+      def check_train(train): ...
 
-Where the method is the lesson, a check forbids the shortcut while it calls the learner's code:
-`with forbidden(torch, "softmax", "compute the softmax from exp and sum"): call(answer, ...)`.
+      # ch01.hint(ch01.check_train)  # uncomment for a hint; run again for the next one
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import html
-from dataclasses import dataclass
+import inspect
+import math
+import numbers
+import sys
+import types
+
+from ..claims import GREEN, RED, Verdict
+
+__all__ = ["NotYet", "Verdict", "call", "exercise", "expect", "forbidden", "forbidden_all", "hint", "hints",
+           "reset_hints", "returned"]
 
 
 class NotYet(Exception):
-    """Raised by expect(): the answer is not right yet; the message is the hint."""
+    """Raised by expect(): the answer is not right yet; the message says what to change."""
 
 
-@dataclass(frozen=True)
-class Verdict:
-    passed: bool
-    message: str
-    name: str = ""
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __str__(self) -> str:
-        mark = "Correct!" if self.passed else "Not yet:"
-        return f"{mark} {self.message}"
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        colour, mark = ("#1b7f3b", "&#10004; Correct!") if self.passed else ("#b00020", "&#10008; Not yet:")
-        return (f'<div style="border-left:4px solid {colour};padding:4px 8px;color:{colour}">'
-                f"<b>{mark}</b> {html.escape(self.message)}</div>")
+class _LearnerFailed(Exception):
+    """The learner's own code raised (`call` wraps it, so that a check's stumbles read differently)."""
 
 
-def expect(condition: bool, hint: str) -> None:
-    """Stop the check with `hint` when `condition` is false."""
+def expect(condition: bool, message: str) -> None:
+    """Stop the check with `message` when `condition` is false."""
     if not condition:
-        raise NotYet(hint)
+        raise NotYet(message)
+
+
+def call(answer, *args, **kwargs):
+    """Call the learner's function (a plain value comes back as it is); what its code raises is reported as such."""
+    if not callable(answer):
+        return answer
+    try:
+        return answer(*args, **kwargs)
+    except (NotYet, NotImplementedError, _LearnerFailed):
+        raise
+    except Exception as err:
+        raise _LearnerFailed(err) from err
 
 
 def exercise(check):
@@ -69,20 +117,101 @@ def exercise(check):
 
     @functools.wraps(check)
     def wrapper(*args, **kwargs) -> Verdict:
+        name = check.__name__
         try:
             message = check(*args, **kwargs)
-        except NotYet as hint:
-            return Verdict(False, str(hint), check.__name__)
+        except NotYet as why:
+            return Verdict("Not yet:", str(why), RED, False, name)
         except NotImplementedError:
-            return Verdict(False, "not attempted: replace `raise NotImplementedError` with your code, "
-                                  "then run this cell again.", check.__name__)
-        except Exception as err:  # the learner's code failed: say how, without a traceback
-            return Verdict(False, f"your code raised {type(err).__name__}: {err}", check.__name__)
-        return Verdict(True, message or "well done.", check.__name__)
+            return Verdict("Not yet:", "not attempted: replace `raise NotImplementedError` with your code, then run "
+                                       "this cell again.", RED, False, name)
+        except _LearnerFailed as failed:  # the learner's code failed: say how, without a traceback
+            err = failed.args[0]
+            return Verdict("Not yet:", f"your code raised {type(err).__name__}: {err}", RED, False, name)
+        except Exception as err:  # the check could not use the answer: say what it wants
+            return Verdict("Not yet:", f"this check could not use your answer ({type(err).__name__}: {err}): give "
+                                       "what the exercise's text asks for, of the kind it names.", RED, False, name)
+        return Verdict("Correct!", message or "well done.", GREEN, True, name)
 
     wrapper.is_exercise_check = True
     return wrapper
 
+
+# ---------------------------------------------------------------------------------------------- returned values
+
+def _described(value) -> str:
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {type(value).__name__} of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list, set, dict)) and len(repr(value)) >= 40:
+        return f"a {type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) < 40 else text[:37] + '...'}"
+
+
+def _one_number(value):
+    """A Python number from a number, a NumPy scalar or a one-element tensor or array; None if it is none of them."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    if isinstance(value, numbers.Number):
+        return value.item() if hasattr(value, "item") else value
+    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:
+        return value.item()
+    if hasattr(value, "size") and hasattr(value, "item") and getattr(value, "size", 0) == 1:
+        return value.item()
+    return None
+
+
+def returned(value, kind: str, what: str = "your answer"):
+    """`value` (what the learner's code gave) as `kind`, or NotYet saying what to return instead. `what` names the
+    expected thing in the message ("the loss", "the new ids"). Kinds: see this module's docstring."""
+    if value is None:
+        raise NotYet(f"you gave None for {what}: end your function with `return ...` (or assign the answer).")
+    if kind in ("number", "whole", "id"):
+        number = _one_number(value)
+        wanted = {"number": "a number", "whole": "a whole number", "id": "an int"}[kind]
+        expect(number is not None and not isinstance(number, complex), f"give {what} as {wanted}, not "
+                                                                        f"{_described(value)}.")
+        expect(math.isfinite(number), f"{what} is {number}, not a finite number.")
+        if kind == "number":
+            return float(number)
+        if kind == "id":
+            expect(isinstance(number, int), f"a token id is an int, not the float {number!r}: use int(...).")
+        expect(float(number).is_integer(), f"{what} must be a whole number, not {number!r}.")
+        return int(number)
+    if kind in ("ids", "id set"):
+        if hasattr(value, "tolist") and hasattr(value, "shape"):
+            value = value.reshape(-1).tolist() if hasattr(value, "reshape") else value.tolist()
+        sets_ok = kind == "id set" and isinstance(value, (set, frozenset))
+        expect(isinstance(value, (list, tuple)) or sets_ok,
+               f"return {what} as a {'set' if kind == 'id set' else 'list'} of ints, not {_described(value)}.")
+        ids = [returned(i, "id", f"each of {what}") for i in value]
+        return set(ids) if kind == "id set" else ids
+    if kind == "tensor":
+        import numpy as np
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return value
+        try:
+            if isinstance(value, (str, bytes, dict, set)):
+                raise TypeError(type(value).__name__)
+            return torch.as_tensor(np.asarray(value, dtype=np.float64) if not isinstance(value, np.ndarray) else value)
+        except (TypeError, ValueError):
+            raise NotYet(f"return {what} as a tensor (or an array of numbers), not {_described(value)}.") from None
+    if kind == "text":
+        expect(isinstance(value, str), f"give {what} as a string, not {_described(value)}.")
+        return value
+    if kind in ("pair", "triple"):
+        size = 2 if kind == "pair" else 3
+        expect(isinstance(value, (tuple, list)) and len(value) == size,
+               f"return {('two', 'three')[size - 2]} things as a tuple, {what}; not {_described(value)}.")
+        return tuple(value)
+    raise ValueError(f"returned(): unknown kind {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------- hints
 
 def hints(*texts: str):
     """Attach hints to a check, from a nudge to an outline; `hint(check)` reveals them one at a time."""
@@ -136,21 +265,4 @@ def reset_hints() -> None:
     _revealed.clear()
 
 
-@contextlib.contextmanager
-def forbidden(owner, name: str, why: str):
-    """While the learner's code runs, calling `owner.name` stops the check with `why` (the method is the lesson)."""
-    original = getattr(owner, name)
-
-    def refuse(*args, **kwargs):
-        raise NotYet(f"don't call {getattr(owner, '__name__', owner)}.{name} here: {why}")
-
-    setattr(owner, name, refuse)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-def call(answer, *args, **kwargs):
-    """Call the learner's function (or return a plain value as it is)."""
-    return answer(*args, **kwargs) if callable(answer) else answer
+from ._guard import forbidden, forbidden_all  # noqa: E402  (the guard raises NotYet, defined above)

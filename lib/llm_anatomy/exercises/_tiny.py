@@ -33,16 +33,30 @@ def reference_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
 
 def stop_cases(model, seed: int, shapes):
     """The cases a loop-that-stops exercise runs: for each (prompt length, max new tokens), a random prompt and two
-    runs, (ids, n, stop_ids, the tokens wanted, the reason wanted): one with a stop id that the model makes mid-way
-    (the answer ends with it), one with stop ids the model never makes (the answer is all n tokens)."""
+    runs, (ids, n, stop_ids, the tokens wanted, the reason wanted): one with a stop id that the model makes mid-way,
+    its third token or later (the answer ends with it), one with stop ids the model never makes (the answer is all
+    n tokens). Both sets also hold a token of the prompt that the model never makes, as every chat prompt holds
+    <|im_end|>: a loop must look at the tokens it makes, not at the prompt."""
     g = torch.Generator().manual_seed(seed)
     for prompt_len, n in shapes:
         ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
         full = reference_tokens(model, ids, n)
         stop = next((t for i, t in enumerate(full) if i >= 2 and t not in full[:i]), full[0])  # first made mid-way
         never = [t for t in range(model.cfg.vocab_size) if t not in full][:2]
-        yield ids, n, {stop, never[0]}, full[:full.index(stop) + 1], "stop"
-        yield ids, n, set(never), full, "length"
+        in_prompt = {t for t in ids[0].tolist() if t not in full}
+        in_prompt = {min(in_prompt)} if in_prompt else set()
+        yield ids, n, {stop, never[0]} | in_prompt, full[:full.index(stop) + 1], "stop"
+        yield ids, n, set(never) | in_prompt, full, "length"
+
+
+def stopped_on_the_prompt(ids, got: list[int], reason, want: list[int], stop_ids) -> str | None:
+    """The message for a loop that stopped because the PROMPT holds a stop id (None when that is not what happened)."""
+    prompt_stops = sorted(set(ids[0].tolist()) & set(stop_ids))
+    if (reason == "stop" and prompt_stops and len(got) < len(want) and got != want[:-1]
+            and (not got or got[-1] not in stop_ids)):
+        return (f"you stopped after {len(got)} token(s), none of them a stop id: the PROMPT holds stop id "
+                f"{prompt_stops[0]} (every chat prompt holds <|im_end|>). Check only the token you just made.")
+    return None
 
 
 class Recorder:
@@ -68,11 +82,3 @@ class Recorder:
 
     def trace(self, *args, **kwargs):
         expect(False, "call the model itself, logits = model(ids, ...), not a library loop: the loop is the exercise.")
-
-
-def as_ids(result, what: str) -> list[int]:
-    """The learner's tokens as a list of ints (a tensor of any shape is flattened)."""
-    if isinstance(result, torch.Tensor):
-        result = result.flatten().tolist()
-    expect(isinstance(result, (list, tuple)), f"return the {what} as a list of ints, not {type(result).__name__}.")
-    return [int(i) for i in result]

@@ -7,20 +7,24 @@ Each check runs the learner's function on text the notebook never showed, compar
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import regex
 
-from ..tokens import bpe, bpe_train
+from ..tokens import bpe, bpe_hf, bpe_train
 from ..tokens.pretokenize import GPT2_SPLIT_PATTERN, PreSplitter
-from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
-# Held back from the learner: the text the training loop is checked on.
+# Held back from the learner: the texts the training loop is checked on (two, so that no constant passes).
 HELD_BACK = """The tea shop on the corner opens at seven. Every morning the owner sets out the teapots, then the cups,
 then the little plates for the cakes. The first customers are the regulars: the baker, the teacher, the two
 brothers who run the bookshop. They talk about the weather, the news and the price of tea. The owner listens,
 pours, and smiles. In the afternoon the students arrive, then the tourists, then the quiet readers who stay
 until the shop closes. At the end of the day the owner washes the teapots, counts the coins and turns off the
 lights. Then the street is dark, and the shop waits for the morning."""
+HELD_BACK_2 = """A river runs past the mill, and the miller's daughter rows across it every Sunday. She carries bread
+to her grandmother, who lives in a red house with a green door. On the way back she counts the herons, three or
+four in winter and a dozen in spring, and she writes the number in a notebook she keeps under the bench."""
 SMOLLM2_SPLIT = PreSplitter((regex.compile(r"\p{N}"), regex.compile(GPT2_SPLIT_PATTERN)))  # digits, then GPT-2
 
 
@@ -28,44 +32,100 @@ def _label(data: bytes) -> str:
     return repr(data.decode("utf-8", errors="replace"))
 
 
-@contextlib.contextmanager
-def _no_trainer():
-    with contextlib.ExitStack() as stack:
-        for owner in (bpe, bpe_train):
-            for name in ("train_plain", "train_fast", "hf_trained_merges", "hf_trained_tokenizer"):
-                stack.enter_context(forbidden(owner, name, "write the loop yourself: count, pick, merge, repeat"))
-        stack.enter_context(forbidden(bpe.BPETokenizer, "train", "write the loop yourself: count, pick, merge, repeat"))
-        yield
+def _no_trainer() -> forbidden_all:
+    import tokenizers
+
+    names = ("train_plain", "train_fast", "hf_trained_merges", "hf_trained_tokenizer")
+    return forbidden_all([(owner, name) for owner in (bpe, bpe_train) for name in names]
+                         + [(bpe.BPETokenizer, "train"), (tokenizers.Tokenizer, "train"),
+                            (tokenizers.Tokenizer, "train_from_iterator")],
+                         "write the loop yourself: count, pick, merge, repeat")
 
 
 def _as_pairs(merges) -> list[tuple[tuple[int, int], int]]:
-    if isinstance(merges, dict):
-        return [(tuple(pair), new_id) for pair, new_id in merges.items()]
-    return [(tuple(pair), 256 + i) for i, pair in enumerate(merges)]
+    expect(isinstance(merges, (dict, list, tuple)), f"return the merges as a dict {{(left, right): new_id}}, not "
+                                                    f"{type(merges).__name__}.")
+    items = merges.items() if isinstance(merges, dict) else ((pair, 256 + i) for i, pair in enumerate(merges))
+    pairs = []
+    for pair, new_id in items:
+        expect(isinstance(pair, tuple) and len(pair) == 2, f"each merge's key is a pair of ids (left, right), not "
+                                                           f"{pair!r}.")
+        pairs.append(((returned(pair[0], "id", "a merge's left id"), returned(pair[1], "id", "a merge's right id")),
+                      returned(new_id, "id", "a merge's new id")))
+    return pairs
+
+
+def _trained_on(chunks: list[list[int]], vocab_size: int) -> dict:
+    """The plain loop on given byte-id chunks: what a learner's loop gives when it cut the text another way."""
+    merges = {}
+    for new_id in range(256, vocab_size):
+        counts: dict = {}
+        for ids in chunks:
+            bpe.pair_counts(ids, counts)
+        if not counts:
+            break
+        best = bpe.most_frequent(counts)
+        merges[best] = new_id
+        chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+    return merges
+
+
+def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> None:
+    """Name the loop mistakes that the merge-by-merge replay would blame on something else."""
+    pairs = [pair for pair, _ in got]
+    wanted = len(expected)
+    if wanted > 1 and (len(set(pairs)) == 1 or (len(got) == 1 and got[0][1] == vocab_size - 1)):
+        expect(False, f"every round merged the same pair, {pairs[0]}: the chunks never changed. bpe.merge returns the "
+                      "merged ids as a new list (it leaves the old one as it is): keep what it returns, "
+                      "chunks = [bpe.merge(ids, best, new_id) for ids in chunks].")
+    words = _trained_on([list(w.encode("utf-8")) for w in text.split()], vocab_size)
+    made = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in got:
+        made[new_id] = made.get(left, b"?") + made.get(right, b"?")
+    spaces = [new_id for _, new_id in got if b" " in made[new_id]]
+    if dict(got) == words or (not spaces and any(32 in pair for pair in list(expected)[:len(got)])):
+        expect(False, "none of your tokens holds a space: did you cut the text with str.split()? It throws the "
+                      "spaces away, but GPT-2's pre-split keeps each space with the word after it (' the'), and "
+                      "those tokens are most of a vocabulary. Cut with bpe.PreSplitter()(text).")
 
 
 @exercise
-@hints("Start from the chunks: bpe.PreSplitter()(text) cuts the text, and each chunk becomes list(chunk.encode('utf-8')).",
-       "Each round: count every adjacent pair inside every chunk (bpe.pair_counts(ids, counts) adds one chunk's pairs), "
-       "pick best = bpe.most_frequent(counts), give it the next id, and replace it in every chunk with bpe.merge.",
+@hints("Work chunk by chunk: what does each chunk start as, and what does one round of the loop do to all of them?",
+       "Cut the text with bpe.PreSplitter()(text); each chunk starts as its UTF-8 byte ids. Each round: count every "
+       "adjacent pair inside every chunk (bpe.pair_counts(ids, counts) adds one chunk's pairs), pick "
+       "bpe.most_frequent(counts), give it the next id, and replace it in every chunk with bpe.merge (which returns "
+       "a new list).",
        "chunks = [list(c.encode('utf-8')) for c in bpe.PreSplitter()(text)]; merges = {}; "
        "for new_id in range(256, vocab_size): counts = {}; (pair_counts of each chunk); if not counts: break; "
        "best = bpe.most_frequent(counts); merges[best] = new_id; chunks = [bpe.merge(ids, best, new_id) for ids in chunks]")
 def check_train(train, vocab_size: int = 256 + 40) -> str:
     """Exercise 1.1: train(text, vocab_size) -> {(left id, right id): new id}, in the order learned."""
     expect(callable(train), "define a function train(text, vocab_size) that returns the merges as a dict.")
-    expected, history = bpe_train.train_plain(HELD_BACK, vocab_size)
-    with _no_trainer():
-        got = call(train, HELD_BACK, vocab_size)
-    expect(isinstance(got, (dict, list)), f"return the merges as a dict {{(left, right): new_id}}, not "
-                                          f"{type(got).__name__}.")
-    got = _as_pairs(got)
-    expect(len(got) > 0, "no merges came back: the loop should learn vocab_size - 256 of them.")
+    first = None
+    for text, size in ((HELD_BACK, vocab_size), (HELD_BACK_2, 256 + 27)):
+        expected, history = bpe_train.train_plain(text, size)
+        with _no_trainer():
+            got = call(train, text, size)
+        expect(got is not None, "your function returned None: end it with `return merges`.")
+        got = _as_pairs(got)
+        expect(first is None or got[:len(expected)] != first[:len(expected)],
+               "you returned the same merges for two different texts: learn them from `text`, the text the check "
+               "passes (and stop at `vocab_size`), not from a text or a table fixed in advance.")
+        _check_merges(got, text, size, expected)
+        first = got
+    return (f"the same merges as the library on two texts you had not seen, at two vocabulary sizes (the last merge "
+            f"was seen {history[-1].count} times). The fast trainer below learns exactly these.")
+
+
+def _check_merges(got, text: str, vocab_size: int, expected: dict) -> None:
+    where = f"(a text of {len(text)} characters, vocab_size {vocab_size})"
+    expect(len(got) > 0, f"no merges came back {where}: the loop should learn vocab_size - 256 of them.")
+    _named_mistake(got, text, vocab_size, expected)
     ids = [new_id for _, new_id in got]
     expect(ids == list(range(256, 256 + len(got))), f"the new ids should be 256, 257, 258 ... in order, not "
                                                     f"{ids[:4]} ...: ids 0-255 are the bytes.")
     vocab = {i: bytes([i]) for i in range(256)}
-    chunks = [list(c.encode("utf-8")) for c in PreSplitter()(HELD_BACK)]
+    chunks = [list(c.encode("utf-8")) for c in PreSplitter()(text)]
     for step, ((left, right), new_id) in enumerate(got):
         expect(left in vocab and right in vocab, f"merge {step + 1} joins ids {left} and {right}, which do not exist "
                                                  "yet: a merge joins two existing tokens.")
@@ -92,9 +152,6 @@ def check_train(train, vocab_size: int = 256 + 40) -> str:
         chunks = [bpe.merge(chunk, (left, right), new_id) for chunk in chunks]
     expect(len(got) == len(expected), f"{len(got)} merges for vocab_size {vocab_size}; expected "
                                       f"{len(expected)} (vocab_size - 256).")
-    last = history[-1]
-    return (f"the same {len(got)} merges as the library on a text you had not seen; the last one made "
-            f"{_label(vocab[last.new_id])} ({last.count} times). The fast trainer below learns exactly these.")
 
 
 @exercise
@@ -112,12 +169,9 @@ def check_encode_chunk(encode_chunk, tokenizer=None) -> str:
     cases = [([a, b, c], crafted, [301]), ([a, b, a, b], crafted, [300, 300]), ([c, a], crafted, [c, a]),
              ([a, b, c, a, b, c], crafted, [301, 301]), ([], crafted, [])]
     words = _reference_words(tokenizer) if tokenizer is not None else []  # computed before the encoder is forbidden
-    with contextlib.ExitStack() as stack:
-        for name in ("_bpe", "_encode_chunk", "encode", "encode_ordinary", "encode_with_trace"):
-            stack.enter_context(forbidden(bpe.BPETokenizer, name, "apply the merges yourself, lowest rank first"))
+    with _no_encoder():
         for ids, merges, right in cases:
-            got = call(encode_chunk, list(ids), dict(merges))
-            expect(isinstance(got, list), f"return a list of ids, not {type(got).__name__}.")
+            got = returned(call(encode_chunk, list(ids), dict(merges)), "ids", "the chunk's token ids")
             if got == right:
                 continue
             expect(not (ids == [a, b, c] and got == [300, c]),
@@ -129,13 +183,25 @@ def check_encode_chunk(encode_chunk, tokenizer=None) -> str:
             expect(not (ids == [a, b, a, b] and got in ([300, a, b], [a, b, 300])),
                    "a merge replaces every occurrence of its pair in the chunk: 'abab' becomes 'ab' 'ab'.")
             expect(False, f"encode_chunk({ids}, merges) should give {right}, not {got}.")
-        for word, ids, right in words:
-            got = call(encode_chunk, list(ids), tokenizer.merges)
+        for word, ids, right in words:  # a copy of the merges each time: the notebook's tokenizer keeps its own
+            got = returned(call(encode_chunk, list(ids), dict(tokenizer.merges)), "ids", "the chunk's token ids")
             expect(got == right, f"with SmolLM2's 48,900 merges, {word!r} should give {right} "
                                  f"{[tokenizer.vocab[i].decode('utf-8', 'replace') for i in right]}, not {got}.")
     if words:
         return f"crafted merges and {len(words)} new words with SmolLM2's merges: the same ids as the model."
     return "merges by rank, lowest first, until none applies: how every BPE tokenizer encodes a chunk."
+
+
+def _no_encoder() -> forbidden_all:
+    import tokenizers
+
+    base = sys.modules.get("transformers.tokenization_utils_base")
+    tokenizer_base = getattr(base, "PreTrainedTokenizerBase", None)
+    return forbidden_all([(bpe.BPETokenizer, name) for name in ("_bpe", "_encode_chunk", "encode", "encode_ordinary",
+                                                                "encode_with_trace", "encode_iterable")]
+                         + [(tokenizers.Tokenizer, "encode"), (tokenizers.Tokenizer, "encode_batch")]
+                         + [(tokenizer_base, name) for name in ("__call__", "encode", "tokenize")],
+                         "apply the merges yourself, lowest rank first")
 
 
 def _reference_words(tokenizer):
@@ -155,9 +221,14 @@ def check_pre_split(pre_split) -> str:
     texts = ["In 2024, 3.5% of 1,000 users paid $19.99.", "x = 42  # answer\n", "Room 101 ", " ½ cup, ٣ apples, x²",
              "v2.0-rc1", "", "   12"]
     for text in texts:
-        got = call(pre_split, text)
-        expect(isinstance(got, list) and all(isinstance(p, str) for p in got),
-               f"return a list of strings (the chunks), not {type(got).__name__}.")
+        with _no_model_splitter():
+            got = call(pre_split, text)
+        expect(got is not None, "your function returned None: end it with `return chunks`.")
+        expect(isinstance(got, (list, tuple)), f"return the chunks as a list of strings, not {type(got).__name__}.")
+        odd = next((p for p in got if not isinstance(p, str)), None)
+        expect(odd is None, f"return each chunk as a string (str), not as {type(odd).__name__} {odd!r}: the split "
+                            "cuts text; turning a chunk into bytes comes after it.")
+        got = list(got)
         right = SMOLLM2_SPLIT(text)
         if got == right:
             continue
@@ -175,3 +246,23 @@ def check_pre_split(pre_split) -> str:
         expect(False, f"pre_split({text!r}) should give {right}, not {got}.")
     return ("digits isolated, then GPT-2's pattern: the chain the model's tokenizer.json names. A space before a number "
             "stays a token of its own because the digits step cut it off, not because a merge is missing.")
+
+
+@contextlib.contextmanager
+def _no_model_splitter():
+    """The model's own pre-split refused: ours.chunks, ours.splitter (a PreSplitter with a digits step), the
+    tokenizers library's pre_tokenizer."""
+    import tokenizers.pre_tokenizers as pre
+
+    why = "write the digits step yourself (regex), then GPT-2's step with bpe.PreSplitter()"
+
+    def has_digits_step(arguments) -> bool:
+        steps = getattr(arguments.get("self"), "steps", ())
+        return any(isinstance(step, regex.Pattern) and step.pattern in (r"\p{N}", r"\p{N}+") for step in steps)
+
+    with forbidden_all([(bpe.BPETokenizer, "chunks"), (bpe.BPETokenizer, "split_special"),
+                        (bpe_hf, "splitter_from_hf"), (pre.PreTokenizer, "pre_tokenize_str"),
+                        (pre.PreTokenizer, "pre_tokenize")], why), \
+            forbidden_all([(PreSplitter, "__call__")], "that splitter isolates the digits for you: " + why,
+                          when=has_digits_step):
+        yield

@@ -6,13 +6,12 @@ with the library (embeddings.one_hot_lookup, rope.apply_rope) and names the typi
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import torch
 
 from ..model import rope as rope_module
-from . import NotYet, call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import NotYet, call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: notebook)
 
 
 def _table(seed: int = 0, vocab: int = 11, hidden: int = 6) -> torch.Tensor:
@@ -45,10 +44,8 @@ def check_one_hot_embed(embed) -> str:
     expect(callable(embed), "define a function embed(ids, table) that returns one vector per id.")
     for table, ids in [(_table(), torch.tensor([3, 0, 7, 3])), (_table(1, 13, 5).double(), torch.tensor([[12, 1, 1],
                                                                                                          [0, 4, 9]]))]:
-        guarded = table.as_subclass(_UnindexableTable)
-        out = call(embed, ids, guarded)
-        expect(isinstance(out, torch.Tensor), f"return a tensor, not {type(out).__name__}.")
-        out = out.as_subclass(torch.Tensor)
+        guarded = table.clone().as_subclass(_UnindexableTable)
+        out = returned(call(embed, ids.clone(), guarded), "tensor", "the embeddings").as_subclass(torch.Tensor)
         want = tuple(ids.shape) + (table.shape[1],)
         expect(tuple(out.shape) == want, f"for ids of shape {tuple(ids.shape)} and a {list(table.shape)} table the "
                                          f"result is {list(want)} (one row per id), not {list(out.shape)}: "
@@ -67,14 +64,14 @@ def check_cosine_similarity(cosine) -> str:
     """Exercise 2.2: cosine(a, b) = a.b / (|a| |b|), a float from -1 to 1."""
     expect(callable(cosine), "define a function cosine(a, b) that returns a number.")
     a, b = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([2.0, 0.0, 1.0])
-    value = call(cosine, a, b)
-    one_number = isinstance(value, (int, float, torch.Tensor)) and torch.as_tensor(value).numel() == 1
-    value = float(value) if one_number else None
-    expect(value is not None, "return a single number (a float or a one-element tensor).")
+    library = [(torch.nn.functional, "cosine_similarity"), (torch, "cosine_similarity")]
+    with forbidden_all(library, "divide the dot product by both lengths yourself"):
+        value = returned(call(cosine, a.clone(), b.clone()), "number", "the cosine (a single number)")
     expect(abs(value - 4 / (3 * 5 ** 0.5)) < 1e-5,
            f"cosine([1,2,2], [2,0,1]) should be 4 / (3 * sqrt(5)) = {4 / (3 * 5 ** 0.5):.4f}, not {value:.4f}: "
            "divide the dot product by both lengths.")
-    same = float(call(cosine, a, 10 * a))
+    with forbidden_all(library, "divide the dot product by both lengths yourself"):
+        same = returned(call(cosine, a.clone(), 10 * a), "number", "the cosine (a single number)")
     expect(abs(same - 1.0) < 1e-5, f"a vector and 10 times it point the same way: cosine 1, not {same:.4f}.")
     return "cosine similarity ignores length and compares direction only."
 
@@ -92,17 +89,12 @@ def _interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torc
     return out
 
 
-@contextlib.contextmanager
-def _no_library_rope():
-    why = "turn each pair yourself: (x cos a - y sin a, x sin a + y cos a)"
-    with contextlib.ExitStack() as stack:
-        for name in ("apply_rope", "rotate_half", "rope_cos_sin", "rotate_2d"):
-            stack.enter_context(forbidden(rope_module, name, why))
-        llama = sys.modules.get("transformers.models.llama.modeling_llama")
-        if llama is not None:
-            for name in ("apply_rotary_pos_emb", "rotate_half"):
-                stack.enter_context(forbidden(llama, name, why))
-        yield
+def _no_library_rope() -> forbidden_all:
+    llama = sys.modules.get("transformers.models.llama.modeling_llama")
+    names = ("apply_rope", "rotate_half", "rope_cos_sin", "rotate_2d", "rope_angles", "rope_frequencies")
+    return forbidden_all([(rope_module, name) for name in names]
+                         + [(llama, "apply_rotary_pos_emb"), (llama, "rotate_half")],
+                         "turn each pair yourself: (x cos a - y sin a, x sin a + y cos a)")
 
 
 @exercise
@@ -120,10 +112,9 @@ def check_rope(rope) -> str:
              (torch.randn(5, 16, generator=g), torch.tensor([5, 3, 100, 4096, 7]), 100000.0)]
     for x, positions, theta in cases:
         with _no_library_rope():
-            out = call(rope, x.clone(), positions.clone(), theta)
-        expect(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(x.shape),
-               f"return a tensor shaped like x, {list(x.shape)}, not "
-               f"{list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}.")
+            out = returned(call(rope, x.clone(), positions.clone(), theta), "tensor", "the turned vectors")
+        expect(tuple(out.shape) == tuple(x.shape), f"return a tensor shaped like x, {list(x.shape)}, not "
+                                                   f"{list(out.shape)}.")
         out = out.double()
         right = _reference_rope(x, positions, theta)
         if torch.allclose(out, right, atol=2e-3):

@@ -7,30 +7,49 @@ kernel and repeat_kv are refused while the learner's code runs: writing them is 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 
 import torch
 
 from ..model import attention as attention_module
-from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
-@contextlib.contextmanager
-def _refused(pairs, why):
-    with contextlib.ExitStack() as stack:
-        for owner, name in pairs:
-            if owner is not None:
-                stack.enter_context(forbidden(owner, name, why))
-        yield
+def _head(q, k, v, *, causal=True, scale="sqrt", fill=float("-inf"), dim=-1, diagonal=0, transposed=False,
+          mask_after=None):
+    """One causal head in float64, or what a typical mistake computes instead (one argument changed)."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = (k @ q.T if transposed else q @ k.T) / {"sqrt": math.sqrt(q.shape[-1]), "d": q.shape[-1], None: 1.0}[scale]
+    hidden = ~torch.ones_like(scores, dtype=torch.bool).tril(diagonal)  # [seq, seq]: True above the diagonal
+    if causal and mask_after is None:
+        scores = scores.masked_fill(hidden, fill)
+    weights = torch.softmax(scores, dim=dim)
+    if mask_after is not None:  # the mask applied to the weights, after the softmax
+        weights = weights.masked_fill(hidden, mask_after)
+    return weights @ v
 
 
-def _head(q, k, v, *, causal=True, scale=True, fill=float("-inf"), dim=-1):
-    scores = q.double() @ k.double().T / (math.sqrt(q.shape[-1]) if scale else 1.0)
-    if causal:
-        scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), fill)
-    return torch.softmax(scores, dim=dim) @ v.double()
+_ONE_HEAD_MISTAKES = [  # (what the mistake computes, the message that names it)
+    (dict(causal=False), "apply the causal mask: query i may see keys 0..i only, so set scores[i, j] = -inf where "
+                         "j > i."),
+    (dict(fill=0.0), "a masked score must be -inf, not 0: exp(0) = 1 still gives the future key a weight; "
+                     "exp(-inf) = 0."),
+    (dict(diagonal=1), "your mask is one off: it lets query i see key i + 1 too. Hide only j > i: "
+                       "torch.ones(n, n, dtype=torch.bool).tril() keeps the diagonal and everything below it."),
+    (dict(diagonal=-1), "your mask is one off: it hides the diagonal too, so query i cannot see itself (and query 0 "
+                        "sees nothing at all: its row is NaN). Hide only j > i: .tril() keeps the diagonal."),
+    (dict(mask_after=0.0), "mask the scores BEFORE the softmax: zeroing weights afterwards leaves rows that no "
+                           "longer sum to 1 (each query's weights must add up to 1 over the keys it may see)."),
+    (dict(mask_after=float("-inf")), "mask the scores BEFORE the softmax, with -inf: masking the weights afterwards "
+                                     "puts -inf (or NaN) into the output."),
+    (dict(scale=None), "divide the scores by sqrt(head_dim) before the softmax."),
+    (dict(scale="d"), "you divided the scores by head_dim; divide by its square root, sqrt(head_dim): a dot product "
+                      "of head_dim numbers has a spread that grows like sqrt(head_dim)."),
+    (dict(transposed=True), "your scores are transposed: scores[i, j] is query i against key j, q @ k.T (not "
+                            "k @ q.T), so that row i holds query i's scores."),
+    (dict(dim=0), "take the softmax along each row (dim=-1): one query's weights over the keys sum to 1."),
+]
 
 
 @exercise
@@ -44,26 +63,19 @@ def check_one_head(attend) -> str:
     """Exercise 3.1: attend(q, k, v) for one causal head: q, k, v are [seq, head_dim]; returns [seq, head_dim]."""
     expect(callable(attend), "define a function attend(q, k, v).")
     g = torch.Generator().manual_seed(0)
-    why = "write the scores, the mask and the softmax yourself"
     refused = [(torch.nn.functional, "scaled_dot_product_attention"), (attention_module, "attention"),
                (attention_module, "attention_probabilities")]
     for seq, d in [(5, 8), (7, 16)]:
         q, k, v = (2 * torch.randn(seq, d, generator=g) for _ in range(3))
-        with _refused(refused, why):
-            out = call(attend, q.clone(), k.clone(), v.clone())
-        expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (seq, d),
-               f"return one output vector per query: a [seq, head_dim] tensor, here [{seq}, {d}].")
+        with forbidden_all(refused, "write the scores, the mask and the softmax yourself"):
+            out = returned(call(attend, q.clone(), k.clone(), v.clone()), "tensor", "the head's output")
+        expect(tuple(out.shape) == (seq, d), f"return one output vector per query: a [seq, head_dim] tensor, here "
+                                             f"[{seq}, {d}], not {list(out.shape)}.")
         out = out.double()
         if torch.allclose(out, _head(q, k, v), atol=1e-5):
             continue
-        expect(not torch.allclose(out, _head(q, k, v, causal=False), atol=1e-5),
-               "apply the causal mask: query i may see keys 0..i only, so set scores[i, j] = -inf where j > i.")
-        expect(not torch.allclose(out, _head(q, k, v, fill=0.0), atol=1e-5),
-               "a masked score must be -inf, not 0: exp(0) = 1 still gives the future key a weight; exp(-inf) = 0.")
-        expect(not torch.allclose(out, _head(q, k, v, scale=False), atol=1e-5),
-               "divide the scores by sqrt(head_dim) before the softmax.")
-        expect(not torch.allclose(out, _head(q, k, v, dim=0), atol=1e-5),
-               "take the softmax along each row (dim=-1): one query's weights over the keys sum to 1.")
+        for change, message in _ONE_HEAD_MISTAKES:
+            expect(not torch.allclose(out, _head(q, k, v, **change), atol=1e-5, equal_nan=True), message)
         expect(False, "not yet equal to attention. Steps: scores = q @ k.T / sqrt(d); mask; softmax over the last "
                       "dimension; @ v.")
     return "scores, mask, softmax, weighted sum: that is all of attention, and it equals the library's on new inputs."
@@ -87,11 +99,11 @@ def check_expand_kv(expand_kv) -> str:
     refused = [(attention_module, "repeat_kv"), (attention_module, "kv_head_of"), (llama, "repeat_kv")]
     for heads, kv_heads in [(9, 3), (8, 2), (4, 1), (6, 6)]:
         k = torch.randn(kv_heads, 5, 4, generator=g)  # [kv_heads, seq, head_dim]
-        with _refused(refused, "share the heads yourself"):
-            out = call(expand_kv, k.clone(), heads)
-        expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (heads, 5, 4),
+        with forbidden_all(refused, "share the heads yourself"):
+            out = returned(call(expand_kv, k.clone(), heads), "tensor", "the expanded K")
+        expect(tuple(out.shape) == (heads, 5, 4),
                f"with {kv_heads} K/V heads and {heads} query heads, return [{heads}, seq, head_dim] (one K head per "
-               f"query head), not {list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}.")
+               f"query head), not {list(out.shape)}.")
         right = _library_repeat(k, heads)
         if torch.equal(out, right):
             continue
@@ -103,8 +115,8 @@ def check_expand_kv(expand_kv) -> str:
     # the shared heads give the library's grouped-query attention
     q, k, v = torch.randn(1, 9, 6, 8, generator=g), torch.randn(1, 3, 6, 8, generator=g), torch.randn(1, 3, 6, 8, generator=g)
     gqa = attention_module.attention(q, k, v)
-    with _refused(refused, "share the heads yourself"):
-        k9, v9 = call(expand_kv, k[0], 9), call(expand_kv, v[0], 9)
+    with forbidden_all(refused, "share the heads yourself"):
+        k9, v9 = (returned(call(expand_kv, t[0].clone(), 9), "tensor", "the expanded K") for t in (k, v))
     expect(torch.allclose(attention_module.attention(q, k9[None], v9[None]), gqa, atol=1e-6),
            "with your expanded K and V, multi-head attention should equal grouped-query attention.")
     return ("each group of query heads reads one shared K/V head: the cache stores 3 heads, not 9, and the outputs "

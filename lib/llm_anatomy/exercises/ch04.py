@@ -7,12 +7,10 @@ refused. Each typical mistake is named.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..model.scratch import Block, ScratchConfig, ScratchLlama
-from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
 def small_model(seed: int = 4) -> ScratchLlama:
@@ -42,12 +40,10 @@ def _variant(model, ids, *, residual=True, mlp_norm="post_attention_layernorm", 
     return model.lm_head(model.norm(x) if final_norm else x)
 
 
-@contextlib.contextmanager
-def _no_shortcut():
-    why = "write the loop over the blocks yourself"
-    with forbidden(ScratchLlama, "forward", why), forbidden(ScratchLlama, "trace", why), \
-            forbidden(Block, "forward", why + ": x = x + attention(norm(x)), then x = x + mlp(norm(x))"):
-        yield
+def _no_shortcut() -> forbidden_all:
+    return forbidden_all([(ScratchLlama, "forward"), (ScratchLlama, "trace"), (Block, "forward")],
+                         "write the loop over the blocks yourself: x = x + attention(norm(x)), then "
+                         "x = x + mlp(norm(x))")
 
 
 @exercise
@@ -70,10 +66,9 @@ def check_forward(forward, model=None, ids=None) -> str:
         with torch.no_grad():
             right = net(tokens)
             with _no_shortcut():
-                out = call(forward, net, tokens)
-        expect(isinstance(out, torch.Tensor) and out.shape == right.shape,
-               f"return the logits, [batch, seq, vocab] = {list(right.shape)}, not "
-               f"{list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}.")
+                out = returned(call(forward, net, tokens.clone()), "tensor", "the logits")
+        expect(out.shape == right.shape, f"return the logits, [batch, seq, vocab] = {list(right.shape)}, not "
+                                         f"{list(out.shape)}.")
         close = dict(atol=1e-4, rtol=1e-4) if right.dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
         if torch.allclose(out.float(), right.float(), **close):
             continue
@@ -106,17 +101,20 @@ def check_next_token_loss(loss_fn) -> str:
     expect(callable(loss_fn), "define a function next_token_loss(logits, ids) that returns one number.")
     g = torch.Generator().manual_seed(5)
     cross_entropy = torch.nn.functional.cross_entropy
-    why = "compute it from log_softmax: minus the log-probability of each right next token, averaged"
+    library = [(torch.nn.functional, "cross_entropy"), (torch.nn.functional, "nll_loss"), torch.nn.CrossEntropyLoss,
+               torch.nn.NLLLoss, (torch._C._nn, "cross_entropy_loss"), (torch._C._nn, "nll_loss"),
+               (torch._C._nn, "nll_loss_nd")]
     for batch, seq, vocab in [(1, 7, 11), (2, 5, 13)]:
         logits = 3 * torch.randn(batch, seq, vocab, generator=g)
         ids = torch.randint(vocab, (batch, seq), generator=g)
         right = cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
-        with forbidden(torch.nn.functional, "cross_entropy", why), forbidden(torch.nn.functional, "nll_loss", why), \
-                forbidden(torch.nn, "CrossEntropyLoss", why), forbidden(torch.nn, "NLLLoss", why):
+        with forbidden_all(library, "compute it from log_softmax: minus the log-probability of each right next token, "
+                                    "averaged"):
             got = call(loss_fn, logits.clone(), ids.clone())
-        expect(isinstance(got, (float, torch.Tensor)) and torch.as_tensor(got).numel() == 1,
-               "return one number, the mean over every predicted position (a 0-d tensor or a float).")
-        got = float(got)
+        expect(not hasattr(got, "numel") or got.numel() == 1,
+               f"return one number, the mean over every predicted position (a 0-d tensor or a float), not a tensor "
+               f"of shape {list(getattr(got, 'shape', []))}.")
+        got = returned(got, "number", "the loss (one number)")
         if abs(got - float(right)) < 1e-4:
             continue
         logp = torch.log_softmax(logits, dim=-1)

@@ -6,21 +6,22 @@ logits the notebook never showed; the loop check runs the learner's loop on a ti
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
-from ._tiny import Recorder, as_ids, stop_cases, tiny_model
+from ..generate import sampling
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from ._tiny import Recorder, stop_cases, stopped_on_the_prompt, tiny_model
 
 _CASES = [torch.tensor([0.5, 2.0, -1.0, 1.9]), torch.tensor([-3.0, -2.0, -2.5]),
           torch.tensor([7.0, 1.0, 7.5, 0.0, 6.0]), torch.linspace(-2, 2, 50).flip(0)]
 
 
-def _as_int(value) -> int:
-    if isinstance(value, torch.Tensor):
-        expect(value.numel() == 1, f"return one token id, not a tensor of shape {tuple(value.shape)}.")
-        return int(value)
-    expect(isinstance(value, int) and not isinstance(value, bool), f"return a token id (an int), not {value!r}.")
-    return value
+def _no_sampler(*names: str, why: str) -> forbidden_all:
+    """The library's samplers refused: next_token_probs and the ones named (sample_next and sample_with call it)."""
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with") + names],
+                         why)
 
 
 @exercise
@@ -31,7 +32,8 @@ def check_greedy_choice(greedy_choice) -> str:
     """greedy_choice(logits [vocab]) -> the id of the most likely token."""
     expect(callable(greedy_choice), "define a function greedy_choice(logits) that returns a token id.")
     for logits in _CASES:
-        got = _as_int(call(greedy_choice, logits.clone()))
+        with _no_sampler("greedy", why="the highest logit is the answer: find it yourself"):
+            got = returned(call(greedy_choice, logits.clone()), "id", "the token id")
         want = int(logits.argmax())
         expect(got != int(logits.argmin()) or got == want,
                f"for logits {logits.tolist()} you chose {got}, the LEAST likely token: use the maximum.")
@@ -49,9 +51,10 @@ def check_temperature(apply_temperature) -> str:
     expect(callable(apply_temperature), "define apply_temperature(logits, temperature) returning probabilities.")
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
     for t in (1.0, 0.5, 2.0, 0.1):
-        got = call(apply_temperature, logits.clone(), t)
-        expect(isinstance(got, torch.Tensor) and got.shape == logits.shape,
-               f"return a tensor of probabilities, shape {tuple(logits.shape)}.")
+        with _no_sampler("scale_by_temperature", "_divide_by_temperature", why="divide the logits yourself"):
+            got = returned(call(apply_temperature, logits.clone(), t), "tensor", "the probabilities")
+        expect(got.shape == logits.shape, f"return a tensor of probabilities, one per token: shape "
+                                          f"{list(logits.shape)}, not {list(got.shape)}.")
         got = got.float()
         expect(torch.isfinite(got).all() and abs(float(got.sum()) - 1) < 1e-4,
                f"at temperature {t} your probabilities sum to {float(got.sum()):.4f}, not 1: apply a softmax.")
@@ -75,11 +78,8 @@ def check_top_k(keep_top_k) -> str:
     expect(callable(keep_top_k), "define keep_top_k(logits, k) returning the set of kept token ids.")
     logits = torch.tensor([0.1, 3.0, -2.0, 2.5, 0.7, 2.9])
     for k in (1, 2, 3, 6):
-        got = call(keep_top_k, logits.clone(), k)
-        if isinstance(got, torch.Tensor):
-            got = got.tolist()
-        expect(isinstance(got, (set, list, tuple)), f"return the kept ids as a set, not {type(got).__name__}.")
-        got = {int(i) for i in got}
+        with _no_sampler("top_k_mask", why="pick the k highest logits yourself (torch.topk is fine)"):
+            got = returned(call(keep_top_k, logits.clone(), k), "id set", "the kept ids")
         want = set(torch.topk(logits, k).indices.tolist())
         smallest = set(torch.topk(-logits, k).indices.tolist())
         expect(got != smallest or got == want, f"for k={k} you kept the k LEAST likely tokens: keep the largest.")
@@ -102,11 +102,11 @@ def _top_p_cases() -> list[tuple[torch.Tensor, float]]:
     return cases
 
 
-def _kept(result, what: str) -> set[int]:
-    if isinstance(result, torch.Tensor):
-        result = result.tolist()
-    expect(isinstance(result, (set, list, tuple)), f"return the {what} ids as a set, not {type(result).__name__}.")
-    return {int(i) for i in result}
+def _no_top_p() -> forbidden_all:
+    warpers = sys.modules.get("transformers.generation.logits_process")
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "top_p_mask")]
+                         + [(warpers, "TopPLogitsWarper")],
+                         "sort, add up and cut yourself: the nucleus is the exercise")
 
 
 @exercise
@@ -116,12 +116,11 @@ def _kept(result, what: str) -> set[int]:
        "return set(order[before < p].tolist())")
 def check_top_p(keep_top_p) -> str:
     """keep_top_p(logits [vocab], p) -> the set of token ids top-p keeps (the nucleus)."""
-    from ..generate.sampling import top_p_mask
-
     expect(callable(keep_top_p), "define keep_top_p(logits, p) returning the set of kept token ids.")
     for logits, p in _top_p_cases():
-        got = _kept(call(keep_top_p, logits.clone(), p), "kept")
-        want = set(top_p_mask(logits, p).nonzero().flatten().tolist())
+        with _no_top_p():
+            got = returned(call(keep_top_p, logits.clone(), p), "id set", "the kept ids")
+        want = set(sampling.top_p_mask(logits, p).nonzero().flatten().tolist())
         probs = torch.softmax(logits, dim=-1)
         best = int(probs.argmax())
         where = f"for p = {p} on {logits.numel()} logits"
@@ -135,6 +134,10 @@ def check_top_p(keep_top_p) -> str:
         expect(not (got == without_edge and len(want) > 1),
                f"{where} you stopped one token short: you kept {len(got)} tokens, adding up to "
                f"{float(probs[list(got)].sum()):.3f} < p. Top-p keeps the token that brings the sum to p or beyond.")
+        expect(not (got == set(ordered[:len(want) + 1]) and len(want) < len(ordered)),
+               f"{where} you kept one token too many: the {len(want)} most likely tokens already reach "
+               f"{float(probs[list(want)].sum()):.3f} >= p, and the next one goes past. Keep a token when the tokens "
+               "MORE likely than it add up to less than p: the token that crosses p is the last one kept.")
         naive = set(torch.nonzero(probs.cumsum(0) - probs < p).flatten().tolist())
         expect(got != naive or got == want, f"{where} you added the probabilities in vocabulary order: sort them "
                                             "from the most likely down first.")
@@ -162,10 +165,16 @@ def check_generate_until_stop(generate_until_stop) -> str:
     for ids, n, stop_ids, want, why in stop_cases(model, 11, ((5, 12), (9, 8))):
         prompt_len, stop = ids.shape[1], want[-1]
         rec = Recorder(model)
-        out = call(generate_until_stop, rec, ids.clone(), n, stop_ids)
-        expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
-        got, reason = as_ids(out[0], "new token ids"), out[1]
+        out = returned(call(generate_until_stop, rec, ids.clone(), n, set(stop_ids)), "pair",
+                       "(the new ids, the reason)")
+        got, reason = returned(out[0], "ids", "the new token ids"), out[1]
+        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
+        expect(on_prompt is None, on_prompt or "")
         expect(len(rec.fed) > 0, "your loop never called the model: logits = model(ids).")
+        prompt = ids[0].tolist()
+        expect(got[:prompt_len] != prompt or want[:prompt_len] == prompt,
+               f"you returned the prompt too: return only the new tokens, the ones made after the prompt's "
+               f"{prompt_len}.")
         expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
                                     "logits, logits[0, -1] (position 0 predicts the second prompt token).")
         if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..model.kv_cache import KVCache
-from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
-from ._tiny import Recorder, as_ids, reference_tokens, stop_cases, tiny_model
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from ._tiny import Recorder, reference_tokens, stop_cases, stopped_on_the_prompt, tiny_model
 
 # (layers, kv_heads, head_dim, bytes per number) -> bytes per token, from published configs
 _KNOWN = {
@@ -31,10 +31,13 @@ def check_kv_bytes_per_token(fn) -> str:
     """fn(layers, kv_heads, head_dim, bytes_per_element) -> bytes of K and V for one token."""
     expect(callable(fn), "give a function kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element).")
     for name, (args, expected) in _KNOWN.items():
-        got = fn(*args)
-        expect(got is not None, "your function returns None: end it with `return ...`.")
-        if got == expected / 2:
-            expect(False, f"{name}: you got {got:,}, half the answer. Both K and V are stored: multiply by 2.")
+        got = returned(call(fn, *args), "whole", "the bytes per token")
+        if got != expected and (got * args[3] == expected or got == expected / 2):
+            twice = returned(call(fn, *args[:3], 2 * args[3]), "whole", "the bytes per token")
+            expect(twice != got, f"{name}: you got {got:,}, the NUMBERS of K and V per token, the same whatever "
+                                 f"the format; multiply by bytes_per_element ({args[3]} bytes per number here).")
+            expect(got != expected / 2, f"{name}: you got {got:,}, half the answer. Both K and V are stored: "
+                                        "multiply by 2.")
         if got == expected // args[0]:
             expect(False, f"{name}: you got {got:,}. Every layer has its own K and V: multiply by the layers.")
         expect(got == expected, f"{name}: expected {expected:,} bytes per token, got {got!r}. "
@@ -49,7 +52,7 @@ def check_kv_bytes_per_token(fn) -> str:
 def check_mqa_saving(answer) -> str:
     """How many times less KV memory per token Falcon-7B (MQA) needs than Llama-2-7B (MHA), both in fp16."""
     expect(answer is not None, "assign a number to `answer`.")
-    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool), "give a number, such as 10.")
+    answer = returned(answer, "number", "the saving (a number, such as 10)")
     expect(abs(answer - 64) < 0.5,
            f"{answer} is off. Divide the two bytes-per-token figures in the table above; remember Falcon-7B's "
            "head_dim is 64, not 128.")
@@ -64,8 +67,10 @@ def check_users_that_fit(answer) -> str:
     """Users of Llama-3-8B at 8,192 tokens (bf16) whose caches fit in an "80 GB" (80 GiB) GPU beside 16.06e9 bytes
     of weights."""
     expect(answer is not None, "assign a whole number of users (your answer).")
-    expect(isinstance(answer, int) and not isinstance(answer, bool),
-           "give a whole number of users (round down: half a user's cache is no use).")
+    answer = returned(answer, "number", "the number of users")
+    expect(answer.is_integer(), f"{answer:g} is not a whole number of users: round down (half a user's cache is no "
+                                "use).")
+    answer = int(answer)  # 65.0 from // on floats, or np.int64(65), is 65
     expect(answer != 80, "80 forgets the weights: they take 16.06e9 bytes (15 GiB) of the 80 GiB before any cache.")
     expect(answer != 59, "59 counts the GPU's memory as 80e9 bytes: an '80 GB' GPU holds 80 GiB = 85.9e9 bytes.")
     expect(answer != 66, "round down: the 66th user's cache would not fit entirely.")
@@ -93,16 +98,19 @@ def check_generate_with_cache(generate_with_cache) -> str:
         prompt_len, stop = ids.shape[1], want[-1]
         rec = Recorder(model)
         try:
-            out = call(generate_with_cache, rec, ids.clone(), n, stop_ids)
+            out = call(generate_with_cache, rec, ids.clone(), n, set(stop_ids))
         except Exception:
             if not any(shape[1] > 1 for shape in rec.fed[1:]):
                 raise
             out = ([], why)  # it fed whole sequences into the cache until it overflowed: the checks below say so
-        expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the new ids, the reason).")
-        got, reason = as_ids(out[0], "new ids"), out[1]
+        out = returned(out, "pair", "(the new ids, the reason)")
+        got, reason = returned(out[0], "ids", "the new ids"), out[1]
         expect(rec.fed, "your loop never called the model: logits = model(ids, cache).")
         expect(any(c is not None for c in rec.caches),
                "you passed no cache: make one with model.new_cache(1, max_len) and pass it to every call.")
+        expect(all(c is not None for c in rec.caches), "a call got no cache: pass the same cache to every call, the "
+                                                       "prefill and each decode step (model(next_id) alone sees only "
+                                                       "the newest token, with nothing before it).")
         caches = {id(c) for c in rec.caches}
         expect(len(caches) == 1, f"you used {len(caches)} caches: make ONE before the loop, so that each step adds "
                                  "to what the earlier ones stored.")
@@ -111,6 +119,8 @@ def check_generate_with_cache(generate_with_cache) -> str:
         longer = [shape for shape in rec.fed[1:] if shape[1] != 1]
         expect(not longer, "after the prefill, feed only the newest token, shape [1, 1]; you fed "
                            f"{list(longer[0]) if longer else ''}: the cache already holds every earlier position.")
+        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
+        expect(on_prompt is None, on_prompt or "")
         if why == "stop":
             expect(len(got) <= len(want) or got[:len(want)] != want,
                    f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")
@@ -136,6 +146,11 @@ def _small_cache(cls, length: int) -> KVCache:
     return cache
 
 
+def _no_library_update() -> forbidden_all:
+    return forbidden_all([(KVCache, "update")], "write at self.length yourself and return a view: the update is the "
+                                                "exercise")
+
+
 @exercise
 @hints("The cache already holds `self.length` positions in each layer; the new ones go right after them.",
        "Write k and v into self.keys[layer] and self.values[layer] at positions length .. length + new (the third "
@@ -148,10 +163,15 @@ def check_cache_update(update) -> str:
     learner = type("LearnerCache", (KVCache,), {"update": update})
     for length, new in ((3, 2), (0, 4), (5, 1)):
         cache, before = _small_cache(learner, length), _small_cache(KVCache, length)
+        preallocated = cache.keys[1], cache.values[1]  # [batch, kv_heads, max_len, head_dim] each
         k, v = torch.randn(2, 3, new, 4), torch.randn(2, 3, new, 4)  # [batch, kv_heads, new, head_dim]
-        got = call(update, cache, 1, k, v)
-        expect(isinstance(got, tuple) and len(got) == 2, "return two tensors: (keys, values).")
-        keys, values = got
+        with _no_library_update():
+            got = returned(call(update, cache, 1, k.clone(), v.clone()), "pair", "(keys, values)")
+        keys, values = (returned(t, "tensor", "the keys and the values") for t in got)
+        expect(cache.keys[1] is preallocated[0] and cache.values[1] is preallocated[1],
+               f"you replaced the cache's tensors (torch.cat makes new ones, {tuple(cache.keys[1].shape)} here): the "
+               f"cache is allocated once for max_len = {before.max_len} positions, so that a step copies nothing. "
+               "Write the new k and v into it, in place: self.keys[layer][:, :, length:end] = k.")
         expect(cache.length == length, f"the cache's length changed from {length} to {cache.length} inside update: "
                                         "leave it; the model advances it once, after every layer has written.")
         if length and torch.equal(cache.keys[1][:, :, :new], k) and not torch.equal(before.keys[1][:, :, :new], k):
@@ -181,7 +201,8 @@ def check_cache_update(update) -> str:
     cache = learner.allocate(cfg.num_layers, 1, cfg.num_kv_heads, 5 + 8, cfg.head_dim)
     from ..generate.decode import generate_greedy
 
-    got = generate_greedy(model, ids, 8, cache=cache).tokens[0].tolist()
+    with _no_library_update():
+        got = generate_greedy(model, ids, 8, cache=cache).tokens[0].tolist()
     expect(got == reference_tokens(model, ids, 8), "the model decoding with your cache makes other tokens than with "
                                                    "the library's: compare your update with the steps above.")
     return "a write at `length` and a view: the cache costs no copy, and attention sees exactly the filled positions."

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 
+from ..measure import overhead, roofline
 from ..measure.overhead import REGIMES, regime, regime_times
 from ..measure.peaks import Peaks
 from ..measure.roofline import Work, block_parameters, forward_work, ridge_batch
 from ..weights.random import RANDOM_SHAPES
 from ..model.scratch import ScratchConfig
-from . import exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
 def _config(shape: dict) -> ScratchConfig:
@@ -33,7 +34,8 @@ def _unseen_configs() -> list[tuple[str, ScratchConfig]]:
             ("an 8-layer model with 4 KV heads", _config(odd))]
 
 
-def _close(a: float, b: float, rel: float = 1e-3) -> bool:
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+    """Equal but for float rounding: the counts are whole numbers, so an off-by-one position must not pass."""
     return abs(a - b) <= rel * abs(b)
 
 
@@ -42,24 +44,28 @@ def _close(a: float, b: float, rel: float = 1e-3) -> bool:
        "Add the LM head (vocab x hidden, one position), attention's two matmuls over the past + 1 positions "
        "(4 x layers x heads x head_dim x positions FLOPs), and the KV cache it reads: 2 x layers x kv_heads x "
        "head_dim x bytes per number, per position.",
-       "weights = block_parameters(cfg) + cfg.vocab_size * cfg.hidden_size; positions = past + 1; flops = 2 * weights "
-       "+ 4 * L * H * d * positions; bytes = weights * bytes_per_element + 2 * L * kv_heads * d * bytes_per_element * "
-       "positions")
+       "per_layer = d*q + 2*d*kv + q*d + 3*d*intermediate (q = heads*head_dim, kv = kv_heads*head_dim); weights = "
+       "layers * per_layer + vocab * d; positions = past + 1; flops = 2 * weights + 4 * L * H * head_dim * positions; "
+       "bytes = weights * bytes_per_element + 2 * L * kv * bytes_per_element * positions")
 def check_decode_work(decode_work) -> str:
     """decode_work(cfg, past, bytes_per_element) -> (FLOPs, bytes) of one decode step, batch 1, after `past` tokens."""
     expect(callable(decode_work), "define decode_work(cfg, past, bytes_per_element) returning (flops, bytes).")
+    library = [(roofline, "forward_work"), (roofline, "block_parameters"), (roofline, "matmul_parameters")]
     for name, cfg in _unseen_configs():
-        for past, size in ((0, 2), (1000, 2), (300, 4)):
-            got = decode_work(cfg, past, size)
-            expect(isinstance(got, (tuple, list)) and len(got) == 2, "return two numbers: (flops, bytes).")
-            flops, moved = (float(x) for x in got)
+        for past, size in ((1000, 2), (300, 4), (0, 2)):
+            with forbidden_all(library, "count the table's rows yourself: the work count is the exercise"):
+                got = returned(call(decode_work, cfg, past, size), "pair", "(flops, bytes)")
+            flops, moved = (returned(x, "number", "the FLOPs and the bytes") for x in got)
             want = forward_work(cfg, 1, past, 1, size)
             L, H, K, d = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
             block, head, n = block_parameters(cfg), cfg.vocab_size * cfg.hidden_size, past + 1
             attn, kv = 4 * L * H * d * n, 2 * L * K * d * size * n
             where = f"{name} after {past} tokens in {8 * size}-bit numbers"
             if not _close(flops, want.flops):
-                for wrong, why in ((block + head + attn / 2, "a weight does a multiply AND an add per token: 2 FLOPs, "
+                for wrong, why in ((2 * (block + head) + attn * past / n, "the new token attends to the past "
+                                                                          "positions AND to itself: past + 1 "
+                                                                          "positions, not past."),
+                                   (block + head + attn / 2, "a weight does a multiply AND an add per token: 2 FLOPs, "
                                                              "not 1."),
                                    (2 * block + attn, "you left out the LM head, vocab x hidden weights that turn the "
                                                       "last hidden state into logits."),
@@ -69,7 +75,9 @@ def check_decode_work(decode_work) -> str:
                 expect(False, f"{where}: expected {want.flops:.4g} FLOPs, got {flops:.4g}.")
             if not _close(moved, want.bytes):
                 weights = (block + head) * size
-                for wrong, why in ((weights, "the weights are not all: the step also reads the KV cache of every "
+                for wrong, why in ((weights + kv * past / n, "the step reads the K and V of the past positions and "
+                                                             "writes its own: past + 1 positions of cache, not past."),
+                                   (weights, "the weights are not all: the step also reads the KV cache of every "
                                              "earlier position (and writes its own)."),
                                    (weights + kv / 2, "the cache holds a key AND a value per position: multiply by 2."),
                                    (weights + kv * H / K, "the cache holds kv_heads heads (GQA), not one per query "
@@ -91,8 +99,7 @@ def check_ridge_batch(answer, cfg, past: int, bytes_per_element: int, ridge: flo
     """The batch size at which decode (after `past` tokens) reaches the machine's ridge point, predicted."""
     expect(answer is not None, "assign your prediction, a number of sequences, to the variable in the cell "
                                "(`ridge_guess`).")
-    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer),
-           "give a number of sequences, such as 16.")
+    answer = returned(answer, "number", "a number of sequences, such as 16")
     right = ridge_batch(cfg, past, bytes_per_element, ridge)
     expect(right is not None, "at this context the KV cache grows as fast as the FLOPs: no batch reaches the ridge.")
     expect(answer >= 1, "a batch holds at least one sequence.")
@@ -128,13 +135,17 @@ def check_step_bounds(step_bounds) -> str:
     seen = set()
     for what, flops, moved, ops, peak, bandwidth, per_op in _STEPS:
         want = regime_times(Work(flops, moved), ops, Peaks("cpu", "fp32", peak, bandwidth, "given"), per_op)
-        got = step_bounds(flops, moved, ops, peak, bandwidth, per_op)
-        expect(isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], dict),
-               "return two things: a dict of the three bounds in seconds, and the regime's name.")
+        with forbidden_all([(overhead, "regime_times"), (overhead, "regime")], "compute the three bounds and pick "
+                                                                              "the regime yourself"):
+            got = returned(call(step_bounds, flops, moved, ops, peak, bandwidth, per_op), "pair",
+                           "(a dict of the three bounds in seconds, the regime's name)")
         bounds, name = got
+        expect(isinstance(bounds, dict), f"the first thing to return is a dict of the three bounds in seconds, "
+                                         f"{{'compute': ..., 'memory': ..., 'overhead': ...}}, not "
+                                         f"{type(bounds).__name__}.")
         expect(set(bounds) == set(REGIMES), f"the dict's keys must be {list(REGIMES)}, not {sorted(bounds)}.")
         for key in REGIMES:
-            value = float(bounds[key])
+            value = returned(bounds[key], "number", f"the {key} bound (seconds)")
             if _close(value, want[key]):
                 continue
             wrong = {"compute": (flops * peak, "compute: FLOPs / FLOP/s gives seconds; you multiplied."),
@@ -149,6 +160,10 @@ def check_step_bounds(step_bounds) -> str:
                                                         "peak FLOP/s.")
             expect(False, f"{what}: the {key} bound should be {want[key]:.3g} s, got {value:.3g} s.")
         right = regime(want)
+        name = returned(name, "text", "the regime's name ('compute', 'memory' or 'overhead')")
+        if name.removesuffix("-bound").removesuffix(" bound").strip().lower() == right and name != right:
+            expect(False, f"{what}: {name!r} is the right regime, but name it by its key, {right!r}, as the dict's "
+                          "keys do (the table adds '-bound' when it prints it).")
         if name == min(REGIMES, key=want.get) and name != right:
             expect(False, f"{what}: you named the smallest bound ({name}); the step can be no faster than the "
                           f"LARGEST, so it is {right}-bound.")
@@ -167,7 +182,7 @@ def check_decode_ceiling(answer, weight_bytes: float, bandwidth: float) -> str:
     """The most tokens/s batch-1 decode can reach: bandwidth / bytes read per token (the weights)."""
     expect(answer is not None, "assign your answer, a number of tokens per second, to the variable in the cell "
                                "(`ceiling`).")
-    expect(isinstance(answer, (int, float)) and not isinstance(answer, bool), "give a number of tokens/s.")
+    answer = returned(answer, "number", "a number of tokens per second")
     right = bandwidth / weight_bytes
     expect(answer <= 0 or abs(answer * right - 1) > 0.1, "upside down: tokens/s = bytes/s / bytes per token.")
     expect(abs(answer - right) <= 0.1 * right, f"{answer:.3g} is off: divide the measured bandwidth (bytes/s) by "

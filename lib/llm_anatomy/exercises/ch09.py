@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from . import call, exercise, expect, hint, hints  # noqa: F401  (hint: for the notebook)
+from ..fast import gguf_blocks, tiled_attention
+from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
 def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
@@ -20,11 +23,11 @@ def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
     return blocks
 
 
-def _as_floats(out, what: str) -> torch.Tensor:
-    expect(out is not None, "your function returns None: end it with `return ...`.")
-    out = torch.as_tensor(np.asarray(out, dtype=np.float32) if not isinstance(out, torch.Tensor) else out)
-    expect(out.numel() == 32, f"return the block's 32 weights, not {out.numel()} numbers ({what}).")
-    return out.reshape(-1).float()
+def _no_library_dequantize() -> forbidden_all:
+    quants = sys.modules.get("gguf.quants")
+    return forbidden_all([(gguf_blocks, name) for name in ("dequantize_q4_1", "dequantize_gguf", "q4_1_blocks")]
+                         + [(quants, "dequantize")],
+                         "read d, m and the codes yourself: the block layout is the exercise")
 
 
 @exercise
@@ -35,12 +38,14 @@ def _as_floats(out, what: str) -> torch.Tensor:
        "return torch.tensor(codes, dtype=torch.float32) * d + m")
 def check_dequantize_q4_1_block(dequantize_block) -> str:
     """Exercise 9.1: dequantize_block(block) -> the 32 fp32 weights of one 20-byte Q4_1 block."""
-    from ..fast.gguf_blocks import dequantize_q4_1
-
     expect(callable(dequantize_block), "define a function dequantize_block(block) returning 32 weights.")
     for block in _q4_1_blocks(6, seed=9):  # blocks you have not seen
-        got = _as_floats(call(dequantize_block, block.copy()), "20 bytes: 2 for d, 2 for m, 16 of codes")
-        want = dequantize_q4_1(block, (1, 32))[0]
+        with _no_library_dequantize():
+            got = returned(call(dequantize_block, block.copy()), "tensor", "the block's 32 weights")
+        expect(got.numel() == 32, f"return the block's 32 weights, not {got.numel()} numbers (20 bytes: 2 for d, 2 for "
+                                  "m, 16 of codes holding two weights each).")
+        got = got.reshape(-1).float()
+        want = gguf_blocks.dequantize_q4_1(block, (1, 32))[0]
         d, m = float(block[:2].view(np.float16)[0]), float(block[2:4].view(np.float16)[0])
         low, high = block[4:] & 0x0F, block[4:] >> 4
         interleaved = torch.tensor(np.stack([low, high], axis=1).reshape(-1), dtype=torch.float32) * d + m
@@ -68,8 +73,8 @@ def check_dequantize_q4_1_block(dequantize_block) -> str:
        "m_new); return m_new, l * r + p.sum(-1, keepdim=True), o * r + p @ v")
 def check_online_update(online_update) -> str:
     """Exercise 9.2: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
-    from ..fast.tiled_attention import online_softmax_update
-
+    online_softmax_update = tiled_attention.online_softmax_update
+    library = [(tiled_attention, name) for name in ("online_softmax_update", "online_softmax", "tiled_attention")]
     expect(callable(online_update), "define a function online_update(m, l, o, scores, v) returning (m, l, o).")
     g = torch.Generator().manual_seed(11)
     scores, v = torch.randn(3, 24, generator=g) * 4, torch.randn(24, 5, generator=g)  # 3 queries, 24 keys
@@ -79,9 +84,10 @@ def check_online_update(online_update) -> str:
     for start in range(0, 24, 8):
         block = (scores[:, start:start + 8], v[start:start + 8])
         ref = online_softmax_update(*ours, *block)
-        out = call(online_update, *(t.clone() for t in state), *(t.clone() for t in block))
-        expect(isinstance(out, (tuple, list)) and len(out) == 3, "return three tensors: (m, l, o).")
-        m, l, o = (torch.as_tensor(t).float() for t in out)
+        with forbidden_all(library, "rescale and add yourself: the update is the exercise"):
+            out = returned(call(online_update, *(t.clone() for t in state), *(t.clone() for t in block)), "triple",
+                           "(m, l, o)")
+        m, l, o = (returned(t, "tensor", "m, l and o").float() for t in out)
         expect(m.shape == (3, 1) and l.shape == (3, 1) and o.shape == (3, 5),
                f"keep the shapes: m and l [queries, 1], o [queries, d]; got {tuple(m.shape)}, {tuple(l.shape)}, "
                f"{tuple(o.shape)}.")
@@ -122,20 +128,37 @@ def check_speculative_rule(acceptance_probability, residual) -> str:
     expect(callable(acceptance_probability) and callable(residual),
            "define acceptance_probability(p, q, x) and residual(p, q).")
     for p, q in _pairs():
-        accept = torch.tensor([float(call(acceptance_probability, p.clone(), q.clone(), x)) if q[x] > 0 else 0.0
-                               for x in range(p.numel())], dtype=torch.float64)
+        accept = torch.tensor([returned(call(acceptance_probability, p.clone(), q.clone(), x), "number",
+                                        "the probability of keeping the draft")
+                               if q[x] > 0 else 0.0 for x in range(p.numel())], dtype=torch.float64)
         expect(bool((accept <= 1 + 1e-9).all()), "a probability cannot exceed 1: min(1, p[x] / q[x]).")
         expect(bool((accept >= 0).all()), "a probability cannot be negative.")
-        r = torch.as_tensor(call(residual, p.clone(), q.clone())).double()
+        drafted = q > 0
+        right_accept = torch.where(drafted, (p / q.where(drafted, 1.0)).clamp(max=1.0), 0.0)
+        if not torch.allclose(accept, right_accept, atol=1e-9):
+            upside = torch.where(drafted, (q / p.where(p > 0, 1.0)).clamp(max=1.0), 0.0)
+            expect(not torch.allclose(accept, upside, atol=1e-9), "the acceptance is upside down: keep x with "
+                                                                  "probability min(1, p[x] / q[x]), the model's "
+                                                                  "probability over the draft's.")
+            expect(False, f"acceptance_probability should be min(1, p[x] / q[x]): "
+                          f"{[round(x, 3) for x in right_accept.tolist()[:5]]}..., yours "
+                          f"{[round(x, 3) for x in accept.tolist()[:5]]}...")
+        r = returned(call(residual, p.clone(), q.clone()), "tensor", "the residual distribution").double()
         expect(r.shape == p.shape, f"residual(p, q) returns a distribution over the vocabulary, shape {tuple(p.shape)}.")
         kept = q * accept  # P(draft x and keep it)
         rejected = 1 - kept.sum()
         if rejected > 1e-9:
+            expect(bool((r >= -1e-12).all()), "the residual has negative entries: clamp p - q at 0 before "
+                                              "normalising, max(p - q, 0).")
             expect(abs(float(r.sum()) - 1) < 1e-6, f"the residual sums to {float(r.sum()):.3f}: normalise it.")
             expect(not torch.allclose(r, p), "resampling from p itself counts the tokens the draft already gave "
                                              "twice: sample from max(p - q, 0), normalised.")
+            swapped = (q - p).clamp(min=0)
+            expect(not torch.allclose(r, swapped / swapped.sum()), "that is max(q - p, 0): the residual is what p has "
+                                                                   "MORE of than the draft, max(p - q, 0), normalised.")
         output = kept + rejected * r  # the distribution of the token that comes out
         expect(torch.allclose(output, p, atol=1e-6),
-               f"the tokens would come out as {[round(x, 3) for x in output.tolist()[:5]]}..., not as p = "
-               f"{[round(x, 3) for x in p.tolist()[:5]]}... Hint: accept with min(1, p[x] / q[x]).")
+               f"your acceptance is right, but with your residual the tokens would come out as "
+               f"{[round(x, 3) for x in output.tolist()[:5]]}..., not as p = {[round(x, 3) for x in p.tolist()[:5]]}"
+               "...: on rejection, draw from max(p - q, 0), normalised.")
     return "kept drafts give min(p, q); the residual adds exactly what is missing, max(p - q, 0): together p."
