@@ -31,3 +31,18 @@ def fails(rank: int, world_size: int, bad_rank: int):
 def stalls(rank: int, world_size: int):
     """Every rank joins, then sleeps far beyond any deadline a test sets (the launcher must stop it)."""
     time.sleep(3600)
+
+
+def transformers_forward(rank: int, world_size: int, folder: str):
+    """transformers' own tensor-parallel model (tp_plan="auto") in this group: its first forward pass."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto", dtype=torch.float32)
+    with torch.inference_mode():
+        return tuple(model(torch.tensor([[1, 2, 3]])).logits.shape)

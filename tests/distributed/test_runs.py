@@ -13,6 +13,7 @@ from llm_anatomy.distributed.launch import run_ranks, torch_threads
 from llm_anatomy.distributed.pipeline import bubble_fraction, measured_bubble
 from llm_anatomy.distributed.runs import cost_run, pipeline_run, tp_run
 from llm_anatomy.distributed.tensor_parallel import weight_bytes
+from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.weights.cache import default_model_dir
@@ -60,6 +61,16 @@ def test_each_rank_holds_the_shard_of_transformers_tp_plan(plain, ids):
         assert t["weights"] == 272 and t["equal"] == 272 and t["different"] == []
         assert t["max_logit_difference"] / t["scale"] <= 1e-5
         assert torch.equal(t["tokens"], r["tokens"])
+
+
+@pytest.mark.integration
+def test_transformers_loads_tp2_and_fails_mid_forward_where_ours_refuses(plain):
+    """What notebook 10 says of transformers: with TP = 2 (9 query heads) it loads, then its first forward pass fails
+    with a shape error. Ours refuses before any rank starts (test_tensor_parallel.py)."""
+    import rank_targets
+
+    with pytest.raises(CourseError, match=r"RuntimeError: shape .* is invalid for input of size"):
+        run_ranks(rank_targets.transformers_forward, 2, str(default_model_dir()), timeout_s=60)
 
 
 def test_a_two_stage_pipeline_is_bit_identical_and_micro_batches_fill_its_bubble(plain):

@@ -77,6 +77,17 @@ def test_only_sizes_that_divide_the_heads_are_allowed(real):
     assert local_config(cfg, 3).intermediate_size == 512
 
 
+def test_smollm2_360m_allows_tp5_and_a_1b_shape_allows_powers_of_two():
+    from transformers import LlamaConfig
+
+    from llm_anatomy.model.scratch import ScratchConfig
+    from llm_anatomy.weights.random import RANDOM_SHAPES
+
+    shapes = {n: ScratchConfig.from_hf(LlamaConfig(**RANDOM_SHAPES[n])) for n in ("360m", "1b")}
+    assert valid_tp_sizes(shapes["360m"]) == [1, 5]  # 15 query heads, 5 KV heads; the vocabulary is padded
+    assert valid_tp_sizes(shapes["1b"]) == [1, 2, 4, 8]  # 32 and 8
+
+
 def test_tp2_is_refused_before_any_weight_is_read(tiny3):
     read_calls = []
 
@@ -127,6 +138,15 @@ def test_tp3_in_threads_matches_one_process(tiny3):
     assert 3 * (ranks[0]["bytes"] - norms) == weight_bytes(tiny3) - norms
 
 
+def test_a_vocabulary_that_tp_does_not_divide_is_padded():
+    odd = ScratchLlama.from_hf(tiny_llama(seed=4, **{**TP3, "vocab_size": 190}))  # 190 = 3 x 63 + 1
+    ids = torch.tensor([[189, 0, 64, 63, 127, 128]])  # the first and last rows of each rank's share
+    ranks = _tp3(odd, ids, new_tokens=6)
+    assert ranks[0]["logits"].shape == (1, 6, 190)
+    assert torch.allclose(ranks[0]["logits"], odd(ids), rtol=0, atol=1e-5)
+    assert torch.equal(ranks[2]["tokens"], generate_greedy(odd, ids, 6).tokens)
+
+
 @pytest.mark.parametrize("site", ["attention", "mlp", "embedding"])
 def test_a_missing_all_reduce_breaks_the_claims_evidence(tiny3, site):
     """The C21 claim cell compares the logits: a model that forgets one all-reduce fails it."""
@@ -141,10 +161,11 @@ def test_a_wrong_split_breaks_the_claims_evidence(tiny3):
     """Interleaved rows (every third one) instead of contiguous blocks: the heads no longer line up."""
     weights = tiny3.state_dict()
 
-    def strided(name, dim, rank, tp):
+    def strided(name, dim=None, start=0, stop=None):
         if dim == COLUMN and "q_proj" in name:
-            return weights[name][rank::tp].clone()
-        return shard(weights[name], dim, rank, tp)
+            size = stop - start
+            return weights[name][start // size::3].clone()  # every third row, from this rank's first
+        return state_dict_reader(tiny3)(name, dim, start, stop)
 
     def work(rank, comm):
         return tensor_parallel_llama(strided, tiny3.cfg, rank, 3, comm)(ids)
@@ -157,4 +178,4 @@ def test_a_wrong_split_breaks_the_claims_evidence(tiny3):
 def test_a_shard_of_the_wrong_shape_is_refused(tiny3):
     weights = tiny3.state_dict()
     with pytest.raises(CourseError, match="rank 0's share has shape"):
-        tensor_parallel_llama(lambda name, dim, rank, tp: weights[name], tiny3.cfg, 0, 3)  # unsplit weights
+        tensor_parallel_llama(lambda name, *where: weights[name], tiny3.cfg, 0, 3)  # unsplit weights

@@ -112,7 +112,7 @@ def run_ranks(target, world_size: int, *args, timeout_s: float = 60.0, deadline_
     finally:
         _stop(processes)
         messages.close()
-        del store
+        messages = store = None  # free the queue's semaphores now, even while an error's traceback holds this frame
     return [results[r] for r in here]
 
 

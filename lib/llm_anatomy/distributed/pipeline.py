@@ -53,7 +53,7 @@ def pipeline_stage(read, cfg: ScratchConfig, stage: int, stages: int, dtype: tor
             source = f"layers.{layers[int(index)]}.{rest}"  # this stage's block i is the model's block first + i
         else:
             source = name
-        weights[name] = read(source, None, 0, 1).to(device=device, dtype=dtype)
+        weights[name] = read(source).to(device=device, dtype=dtype)
     model.load_state_dict(weights, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -7,7 +7,9 @@ A linear layer computes x @ W.T with the weight stored [out, in]. Split it two w
   the ranks' partial outputs must be added up, an all-reduce. o_proj and down are split so, right after the column
   layers whose outputs they take: a block needs one all-reduce after attention and one after the MLP, no more.
 - the tied embedding and LM head are split by vocabulary: a rank looks up only the tokens it holds (zeros for the
-  others, then an all-reduce), and computes only its share of the logits (then an all-gather).
+  others, then an all-reduce), and computes only its share of the logits (then an all-gather). A vocabulary that
+  TP does not divide is padded with rows of zeros on the last rank (as vLLM and Megatron do), cut off again after
+  the all-gather.
 
 A rank's model is the plain ScratchLlama built for its share of the heads and of the MLP's width (`local_config`),
 its weights sliced from the checkpoint, and four modules swapped for the parallel ones below (marked `# new`).
@@ -39,8 +41,8 @@ def split_dim(name: str) -> int | None:
 
 
 def valid_tp_sizes(cfg: ScratchConfig, up_to: int = 64) -> list[int]:
-    """The TP sizes that give every rank whole query heads, whole KV heads, and equal shares of the MLP and vocabulary."""
-    common = gcd(gcd(cfg.num_heads, cfg.num_kv_heads), gcd(cfg.intermediate_size, cfg.vocab_size))
+    """The TP sizes that give every rank whole query heads, whole KV heads and an equal share of the MLP's width."""
+    common = gcd(gcd(cfg.num_heads, cfg.num_kv_heads), cfg.intermediate_size)
     return [n for n in range(1, up_to + 1) if common % n == 0]
 
 
@@ -48,8 +50,7 @@ def check_tp_size(cfg: ScratchConfig, tp) -> None:
     """Refuse a TP size that does not divide the model, in one sentence, before any rank starts."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise CourseError(f"The TP size must be a whole number of ranks, at least 1, not {tp!r}.")
-    parts = [("query heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads), ("MLP width", cfg.intermediate_size),
-             ("vocabulary", cfg.vocab_size)]
+    parts = [("query heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads), ("MLP width", cfg.intermediate_size)]
     wrong = [f"{n:,} {what}" for what, n in parts if n % tp]
     if wrong:
         raise CourseError(f"TP = {tp} does not divide this model's {' and '.join(wrong)}: each rank must hold whole "
@@ -171,13 +172,14 @@ class VocabParallelEmbedding(nn.Embedding):
 class VocabParallelLMHead(nn.Linear):
     """The LM head's vocabulary rows `start .. start + rows`: this rank's logits, then an all-gather of all of them."""
 
-    def __init__(self, hidden: int, rows: int, comm: Communicator):
+    def __init__(self, hidden: int, rows: int, vocab_size: int, comm: Communicator):
         super().__init__(hidden, rows, bias=False)
-        self.comm = comm
+        self.vocab_size, self.comm = vocab_size, comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = super().forward(x)  # [batch, seq, vocab / TP]
-        return self.comm.all_gather(local, "logits")  # new: [batch, seq, vocab]
+        logits = self.comm.all_gather(local, "logits")  # new: [batch, seq, TP x rows]
+        return logits[..., :self.vocab_size]  # new: without the padding rows (none when TP divides the vocabulary)
 
 
 # --------------------------------------------------------------------------- one rank's model
@@ -189,7 +191,8 @@ def checkpoint_name(name: str) -> str:
 
 
 def checkpoint_reader(folder: str | Path):
-    """read(name, dim, rank, tp): rank's slice of a weight, read from the folder's safetensors (only those bytes)."""
+    """read(name, dim, start, stop): the slice start:stop along dim of one of our weights (all of it for dim None),
+    read from the folder's safetensors: only those bytes are read."""
     from safetensors import safe_open
 
     files = sorted(Path(folder).glob("*.safetensors"))
@@ -200,24 +203,30 @@ def checkpoint_reader(folder: str | Path):
         with safe_open(path, "pt") as f:
             where.update(dict.fromkeys(f.keys(), path))
 
-    def read(name: str, dim: int | None, rank: int, tp: int) -> torch.Tensor:
+    def read(name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         key = checkpoint_name(name)
         if key not in where:
             raise CourseError(f"The checkpoint has no weight named {key}: is it a Llama-family model?")
         with safe_open(where[key], "pt") as f:
             part = f.get_slice(key)
-            size = part.get_shape()[dim] // tp if dim is not None else None
             if dim is None:
                 return part[:]
-            return part[rank * size:(rank + 1) * size] if dim == 0 else part[:, rank * size:(rank + 1) * size]
+            return part[start:stop] if dim == 0 else part[:, start:stop]
 
     return read
 
 
 def state_dict_reader(model: ScratchLlama):
-    """read(name, dim, rank, tp) for a model already in memory (a ScratchLlama): slices of its own weights."""
+    """read(name, dim, start, stop) for a model already in memory (a ScratchLlama): slices of its own weights."""
     weights = model.state_dict()
-    return lambda name, dim, rank, tp: shard(weights[name], dim, rank, tp)
+
+    def read(name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        weight = weights[name]
+        if dim is None:
+            return weight.clone()
+        return weight.narrow(dim, start, (weight.shape[dim] if stop is None else stop) - start).clone()
+
+    return read
 
 
 def tensor_parallel_llama(read, cfg: ScratchConfig, rank: int, tp: int, comm: Communicator | None = None,
@@ -230,7 +239,7 @@ def tensor_parallel_llama(read, cfg: ScratchConfig, rank: int, tp: int, comm: Co
     """
     local = local_config(cfg, tp)
     comm = comm or Communicator()
-    rows = cfg.vocab_size // tp
+    rows = -(-cfg.vocab_size // tp)  # this rank's share of the vocabulary, rounded up
     with torch.device("meta"):  # shapes only; the weights come next
         model = ScratchLlama(local)
         for block in model.layers:
@@ -238,12 +247,22 @@ def tensor_parallel_llama(read, cfg: ScratchConfig, rank: int, tp: int, comm: Co
             attn.o_proj = RowParallelLinear(attn.o_proj.in_features, cfg.hidden_size, comm, "attention")  # new
             mlp.down_proj = RowParallelLinear(mlp.down_proj.in_features, cfg.hidden_size, comm, "mlp")  # new
         model.embed_tokens = VocabParallelEmbedding(rows, cfg.hidden_size, rank * rows, comm)  # new
-        model.lm_head = VocabParallelLMHead(cfg.hidden_size, rows, comm)  # new
+        model.lm_head = VocabParallelLMHead(cfg.hidden_size, rows, cfg.vocab_size, comm)  # new
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
     weights = {}
     for name, param in model.named_parameters():
-        weight = read(name, split_dim(name), rank, tp)
+        dim = split_dim(name)
+        if dim is None:
+            weight = read(name)
+        else:
+            size = param.shape[dim]
+            whole = cfg.vocab_size if name in ("embed_tokens.weight", "lm_head.weight") else size * tp
+            weight = read(name, dim, min(rank * size, whole), min((rank + 1) * size, whole))
+            if weight.shape[dim] < size:  # the last rank's vocabulary rows, padded with zeros
+                pad = list(weight.shape)
+                pad[dim] = size - weight.shape[dim]
+                weight = torch.cat([weight, weight.new_zeros(pad)], dim=dim)
         if weight.shape != param.shape:
             raise CourseError(f"{name}: rank {rank}'s share has shape {tuple(weight.shape)}, the model expects "
                               f"{tuple(param.shape)}.")

@@ -24,10 +24,10 @@ def plot_block_split(cfg, tp: int, ax=None):
              ("q, k, v: columns\nquery heads {q0}-{q1}, KV heads {k0}-{k1}", "column"),
              ("attention over\nits own heads", None),
              ("o_proj: rows {o0}-{o1}\npartial sum [tokens, %d]" % cfg.hidden_size, "row"),
-             ("all-reduce 1", "reduce"),
+             ("all-\nreduce\n1", "reduce"),
              ("gate, up: columns\n{f0}-{f1} of %d" % cfg.intermediate_size, "column"),
              ("down: rows {f0}-{f1}\npartial sum [tokens, %d]" % cfg.hidden_size, "row"),
-             ("all-reduce 2", "reduce")]
+             ("all-\nreduce\n2", "reduce")]
     colour = {"column": "#c6dbef", "row": "#fdd0a2", None: "#f0f0f0"}
     for r in range(tp):
         y = tp - 1 - r
@@ -44,7 +44,7 @@ def plot_block_split(cfg, tp: int, ax=None):
         if kind == "reduce":
             ax.add_patch(FancyBboxPatch((i + 0.2, -0.45), 0.6, tp - 0.1, boxstyle="round,pad=0.02",
                                         facecolor="#c44e52", edgecolor="none", alpha=0.85))
-            ax.text(i + 0.5, (tp - 1) / 2, text.replace(" ", "\n"), ha="center", va="center", fontsize=8,
+            ax.text(i + 0.5, (tp - 1) / 2, text, ha="center", va="center", fontsize=8,
                     color="white", weight="bold")
     ax.set_xlim(-1.0, len(steps) + 0.1)
     ax.set_ylim(-0.7, tp - 0.3)
@@ -54,15 +54,16 @@ def plot_block_split(cfg, tp: int, ax=None):
     return ax
 
 
-def plot_tp_timeline(segments: list[tuple[str, str, float, float]], tp: int, ax=None, title: str | None = None):
+def plot_tp_timeline(ranks: list[list[tuple[str, str, float, float]]], ax=None, title: str | None = None):
     """One TP decode step on each rank: compute (blue) against time inside a collective (red: all-reduce, orange:
-    all-gather). segments: (kind, site, start_s, end_s), from collectives.tp_step_timeline. Returns the Axes."""
+    all-gather). ranks: each rank's segments (kind, site, start_s, end_s), from collectives.tp_step_timeline."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    tp = len(ranks)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.8 + 0.5 * tp))
-    for r in range(tp):
+    for r, segments in enumerate(ranks):
         for kind, _, start, end in segments:
             ax.barh(r, (end - start) * 1e3, left=start * 1e3, height=0.6, color=COLOURS[kind], lw=0)
     ax.set_yticks(range(tp), [f"rank {r}" for r in range(tp)])
