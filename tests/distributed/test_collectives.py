@@ -63,8 +63,9 @@ def test_the_calibrated_timeline_lasts_as_long_as_the_prediction():
         assert len(ranks) == 3 and all(r[-1][3] == pytest.approx(predicted) for r in ranks)
         assert sum(k == "all_reduce" for k, *_ in ranks[0]) == 61
     turns = tp_step_timeline(SMOL, 3, 0.09, link, cores=2)
-    assert turns[2][1][2] > turns[0][1][2]  # on 2 cores the third rank computes after the first two
-    assert turns[0][2][2] < turns[2][2][2]  # ... so the first rank waits longer inside the all-reduce
+    assert turns[2][1][0] == "wait" and turns[2][2][2] > turns[0][1][2]  # on 2 cores the third rank computes after
+    # the first two
+    assert turns[0][2][0] == "all_reduce" and turns[0][2][2] < turns[2][3][2]  # ... so the first waits longer inside
     alone = tp_step_timeline(SMOL, 1, 0.09, link)
     assert {k for k, *_ in alone[0]} == {"compute"} and alone[0][-1][3] == pytest.approx(0.09)
 

@@ -25,7 +25,7 @@ def test_the_block_split_names_each_ranks_heads_and_both_all_reduces():
     ax = plot_block_split(SMOL, 3)
     text = _texts(ax)
     assert "rank 0" in text and "rank 2" in text and text.count("all-\nreduce") == 2
-    assert "query heads 6-8, KV heads 2-2" in text and "1024-1535" in text  # rank 2's heads and MLP columns
+    assert "query heads 6-8\nKV head 2" in text and "width 1024-1535" in text  # rank 2's heads and MLP columns
     plt.close("all")
 
 
@@ -34,6 +34,8 @@ def test_the_tp_timeline_draws_each_rank_and_its_waits():
     ax = plot_tp_timeline(ranks)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
     assert "(ms)" in ax.get_xlabel() and len(ax.patches) == sum(len(r) for r in ranks)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["computing its share", "waiting for a core", "inside an all-reduce", "inside the all-gather"]
     plt.close("all")
 
 

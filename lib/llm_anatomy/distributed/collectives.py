@@ -137,7 +137,7 @@ def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
     blocks' attention and MLP and the LM head in proportion to the weight bytes each reads (decode reads every weight
     once). With `cores` < TP, rank r computes in turn r // cores (see predict_tp_step). A collective starts when the
     last rank arrives and lasts link.seconds(its bytes); a rank that arrived earlier waits inside it.
-    kind is "compute", "all_reduce" or "all_gather".
+    kind is "compute", "wait" (for a core, in a later turn), "all_reduce" or "all_gather".
     """
     h = cfg.hidden_size
     attention = 2 * h * cfg.num_heads * cfg.head_dim + 2 * h * cfg.num_kv_heads * cfg.head_dim  # q, o; k, v
@@ -155,6 +155,8 @@ def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
         seconds = weights * per_weight
         for r, segments in enumerate(ranks):
             start = now + (r // cores if cores else 0) * seconds
+            if seconds and start > now:  # a later turn: the rank waits for a core
+                segments.append(("wait", site, now, start))
             if seconds:
                 segments.append(("compute", site, start, start + seconds))
         now += turns * seconds

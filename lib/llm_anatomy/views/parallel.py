@@ -17,36 +17,37 @@ def plot_block_split(cfg, tp: int, ax=None):
     from matplotlib.patches import FancyBboxPatch
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 3.2 + 0.9 * tp))
+        _, ax = plt.subplots(figsize=(12.5, 1.0 + 1.1 * tp))
     d, heads, kv = cfg.head_dim, cfg.num_heads // tp, cfg.num_kv_heads // tp
     width = cfg.intermediate_size // tp
-    steps = [("x: the whole hidden state\n[tokens, %d] on every rank" % cfg.hidden_size, None),
-             ("q, k, v: columns\nquery heads {q0}-{q1}, KV heads {k0}-{k1}", "column"),
+    steps = [("x [tokens, %d]\nwhole, on\nevery rank" % cfg.hidden_size, None),
+             ("q, k, v: columns\nquery heads {q0}-{q1}\n" + ("KV head {k0}" if kv == 1 else "KV heads {k0}-{k1}"),
+              "column"),
              ("attention over\nits own heads", None),
-             ("o_proj: rows {o0}-{o1}\npartial sum [tokens, %d]" % cfg.hidden_size, "row"),
+             ("o_proj: rows\ninputs {o0}-{o1}\na partial sum", "row"),
              ("all-\nreduce\n1", "reduce"),
-             ("gate, up: columns\n{f0}-{f1} of %d" % cfg.intermediate_size, "column"),
-             ("down: rows {f0}-{f1}\npartial sum [tokens, %d]" % cfg.hidden_size, "row"),
+             ("gate, up: columns\nwidth {f0}-{f1}\nof %d" % cfg.intermediate_size, "column"),
+             ("down: rows\ninputs {f0}-{f1}\na partial sum", "row"),
              ("all-\nreduce\n2", "reduce")]
     colour = {"column": "#c6dbef", "row": "#fdd0a2", None: "#f0f0f0"}
     for r in range(tp):
         y = tp - 1 - r
         names = dict(q0=r * heads, q1=(r + 1) * heads - 1, k0=r * kv, k1=(r + 1) * kv - 1, o0=r * heads * d,
                      o1=(r + 1) * heads * d - 1, f0=r * width, f1=(r + 1) * width - 1)
-        ax.text(-0.15, y, f"rank {r}", ha="right", va="center", fontsize=9, weight="bold")
+        ax.text(-0.1, y, f"rank {r}", ha="right", va="center", fontsize=9, weight="bold")
         for i, (text, kind) in enumerate(steps):
             if kind == "reduce":
                 continue
             ax.add_patch(FancyBboxPatch((i + 0.05, y - 0.38), 0.9, 0.76, boxstyle="round,pad=0.02",
                                         facecolor=colour[kind], edgecolor="#555555", lw=0.6))
-            ax.text(i + 0.5, y, text.format(**names), ha="center", va="center", fontsize=6.5)
+            ax.text(i + 0.5, y, text.format(**names), ha="center", va="center", fontsize=7.5)
     for i, (text, kind) in enumerate(steps):
         if kind == "reduce":
             ax.add_patch(FancyBboxPatch((i + 0.2, -0.45), 0.6, tp - 0.1, boxstyle="round,pad=0.02",
                                         facecolor="#c44e52", edgecolor="none", alpha=0.85))
             ax.text(i + 0.5, (tp - 1) / 2, text, ha="center", va="center", fontsize=8,
                     color="white", weight="bold")
-    ax.set_xlim(-1.0, len(steps) + 0.1)
+    ax.set_xlim(-0.8, len(steps) + 0.1)
     ax.set_ylim(-0.7, tp - 0.3)
     ax.axis("off")
     ax.set_title(f"One block on {tp} ranks: columns need no talk, rows end in an all-reduce (blue: split by columns, "
@@ -56,7 +57,7 @@ def plot_block_split(cfg, tp: int, ax=None):
 
 def plot_tp_timeline(ranks: list[list[tuple[str, str, float, float]]], ax=None, title: str | None = None):
     """One TP decode step on each rank: compute (blue) against time inside a collective (red: all-reduce, orange:
-    all-gather). ranks: each rank's segments (kind, site, start_s, end_s), from collectives.tp_step_timeline."""
+    all-gather), grey where a rank waits for a CPU core. ranks: each rank's segments (kind, site, start_s, end_s), from collectives.tp_step_timeline."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -70,9 +71,10 @@ def plot_tp_timeline(ranks: list[list[tuple[str, str, float, float]]], ax=None, 
     ax.invert_yaxis()
     ax.set_xlabel("time within one decode step (ms)")
     ax.set_title(title or "One TP decode step: computing, and waiting inside the collectives")
-    ax.legend(handles=[Patch(color=COLOURS[k], label=n) for k, n in (("compute", "computing its share"),
-                                                                     ("all_reduce", "inside an all-reduce"),
-                                                                     ("all_gather", "inside the all-gather"))],
+    kinds = {kind for segments in ranks for kind, *_ in segments}
+    names = (("compute", "computing its share"), ("wait", "waiting for a core"), ("all_reduce", "inside an all-reduce"),
+             ("all_gather", "inside the all-gather"))
+    ax.legend(handles=[Patch(color=COLOURS[k], label=n) for k, n in names if k in kinds],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax
 
