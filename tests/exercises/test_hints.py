@@ -27,7 +27,7 @@ HINTS = list(_hint_lines())
 
 
 def _checks():
-    for number in range(10):
+    for number in range(11):
         chapter = importlib.import_module(f"llm_anatomy.exercises.ch{number:02d}")
         for name in sorted(vars(chapter)):
             check = getattr(chapter, name)

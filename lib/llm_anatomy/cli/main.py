@@ -1,4 +1,4 @@
-"""`python -m llm_anatomy {fetch,doctor,check,bench}`: argument parsing and dispatch."""
+"""`python -m llm_anatomy {fetch,doctor,check,bench,parallel}`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import sys
 
 from ..errors import CourseError
 from . import check, doctor
-from .bench import decode, fast, load, serving, stepper, tokenizer
+from .bench import decode, fast, load, parallel, serving, stepper, tokenizer
 
 # bench topics: each module's main(argv) prints its figures (one JSON object with --json)
 BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "tokenizer": tokenizer.main,
-           "serving": serving.main, "fast": fast.main}
+           "serving": serving.main, "fast": fast.main, "parallel": parallel.main}
 
 
 def fetch(argv: list[str]) -> int:
@@ -26,7 +26,9 @@ def fetch(argv: list[str]) -> int:
 COMMANDS = {"fetch": (fetch, "download and convert the default model into the cache (run once while online)"),
             "doctor": (doctor.main, "check this machine: versions, device, memory, model cache"),
             "check": (check.main, "how exactly the from-scratch model matches transformers (full, cached, padded)"),
-            "bench": (None, "print measured figures; topics: " + ", ".join(BENCHES) + " (add --json)")}
+            "bench": (None, "print measured figures; topics: " + ", ".join(BENCHES) + " (add --json)"),
+            "parallel": (parallel.main, "tensor (--tp 3) and pipeline (--pp 2) parallelism on this machine: checks, "
+                                        "the all-reduce's cost, a TP step predicted and measured")}
 
 
 def main(argv: list[str] | None = None) -> int:

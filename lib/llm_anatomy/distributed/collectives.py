@@ -1,0 +1,177 @@
+"""What a collective costs (claim C22): a latency plus the bytes over a bandwidth, measured here, then used to predict.
+
+    t(n bytes) = latency + n / bandwidth
+
+`time_all_reduce` (run inside every rank) times one all-reduce per message size, the sizes in rotation so that a
+busy moment of the machine slows them all alike; `fit_link` fits that line through the medians. A tensor-parallel
+decode step makes a fixed list of collectives (`tp_step_collectives`): `predict_tp_step` adds their cost to the
+compute, which TP divides among the ranks. `tp_pays_up_to` is the scaling book's rule for large batches, when
+the bytes, not the latency, are what the collectives cost. Times in seconds, sizes in bytes, bandwidths in bytes/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..device import timed
+from ..errors import CourseError
+
+SWEEP_BYTES = [4, 256, 2304, 16_384, 131_072, 1_048_576, 4_194_304]  # 2,304: one token's hidden state, fp32
+# The scaling book ("How to Scale Your Model", section 12, How to Think About GPUs): an H100 computes 990e12 bf16
+# FLOP/s; each GPU sends 450e9 bytes/s over NVLink within a node, and a node 400e9 bytes/s to the others.
+# PCIe Gen5 x16 moves about 64e9 bytes/s each way (PCI-SIG: 32 GT/s per lane x 16 lanes).
+H100_FLOPS = 990e12
+LINKS = {"NVLink, within an H100 node": 450e9, "InfiniBand, across H100 nodes": 400e9, "PCIe Gen5 x16": 64e9}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's cost model: latency_s per collective, plus bytes / bytes_per_s."""
+
+    latency_s: float
+    bytes_per_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        """The predicted time of one collective of `nbytes` bytes, seconds."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    @property
+    def half_bytes(self) -> float:
+        """The message size at which the bytes cost as much as the latency: smaller messages are latency-bound."""
+        return self.latency_s * self.bytes_per_s
+
+
+def spread(times: list[float]) -> float:
+    """(slowest - fastest) / median of repeated timings: above about 0.5, the machine was busy while they ran."""
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def time_all_reduce(sizes: list[int] = SWEEP_BYTES, repeats: int = 15, group=None,
+                    device: torch.device | str = "cpu") -> dict[int, list[float]]:
+    """Inside a rank: seconds of one fp32 all-reduce of each size (bytes), `repeats` times, the sizes in rotation.
+
+    Every rank must call it with the same arguments. A barrier before each call lines the ranks up, so what is
+    timed is the collective itself, not one rank waiting for another to finish its own work.
+    """
+    import torch.distributed as dist
+
+    buffers = {n: torch.zeros(max(1, n // 4), device=device) for n in sizes}  # [n / 4] fp32 numbers
+    for x in buffers.values():  # warm-up: the first call of each size sets up its buffers
+        dist.all_reduce(x, group=group)
+    seconds: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, x in buffers.items():
+            dist.barrier(group=group)
+            seconds[n].append(timed(lambda: dist.all_reduce(x, group=group), device)[0])
+    return seconds
+
+
+def fit_link(seconds_by_size: dict[int, list[float]]) -> Link:
+    """The line latency + bytes / bandwidth through the median time of each size (errors weighted relative to
+    each time, so the small messages, which set the latency, count as much as the large ones)."""
+    sizes = np.array(sorted(seconds_by_size), dtype=float)
+    if len(sizes) < 2:
+        raise CourseError("Fitting a latency and a bandwidth needs timings of at least two message sizes.")
+    t = np.array([statistics.median(seconds_by_size[int(n)]) for n in sizes])
+    weight = 1 / t  # relative errors
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weight[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, t * weight, rcond=None)
+    if latency <= 0 or per_byte <= 0:  # noise tilted the line: fall back to the two ends of the sweep
+        latency = t[0]
+        per_byte = max(t[-1] - t[0], 1e-3 * t[-1]) / (sizes[-1] - sizes[0])
+    return Link(latency_s=float(latency), bytes_per_s=float(1 / per_byte))
+
+
+def tp_step_collectives(cfg, tp: int, batch: int = 1, tokens: int = 1, bytes_per_element: int = 4,
+                        logits_kept: int = 1) -> list[tuple[str, str, int]]:
+    """The collectives of one forward pass of our TP model: (op, site, bytes each rank sends in).
+
+    One all-reduce of the embedding, two per block (after attention, after the MLP), each of batch x tokens x hidden
+    numbers; one all-gather of this rank's share of the logits (batch x logits_kept x vocab / TP). TP = 1 needs none.
+    """
+    if tp == 1:
+        return []
+    hidden = batch * tokens * cfg.hidden_size * bytes_per_element
+    calls = [("all_reduce", "embedding", hidden)]
+    for _ in range(cfg.num_layers):
+        calls += [("all_reduce", "attention", hidden), ("all_reduce", "mlp", hidden)]
+    calls.append(("all_gather", "logits", batch * logits_kept * cfg.vocab_size // tp * bytes_per_element))
+    return calls
+
+
+def predict_tp_step(compute_s: float, tp: int, collectives: list[tuple[str, str, int]], link: Link,
+                    cores: int | None = None) -> dict[str, float]:
+    """A TP step's predicted seconds: compute_s / TP, plus latency + bytes / bandwidth for every collective.
+
+    compute_s: the step measured on one rank alone (TP = 1). cores: when the ranks share `cores` CPU cores and
+    TP > cores, they compute in ceil(TP / cores) turns between two collectives (3 ranks on 2 cores: two compute, then
+    the third, while the first two wait inside the collective), so compute_s / TP is taken that many times. None:
+    every rank has a device of its own. Returns {"compute_s", "latency_s", "bytes_s", "total_s", "turns"}.
+    """
+    turns = -(-tp // cores) if cores else 1
+    compute = compute_s / tp * turns
+    latency = link.latency_s * len(collectives)
+    sent = sum(nbytes for _, _, nbytes in collectives) / link.bytes_per_s
+    return {"compute_s": compute, "latency_s": latency, "bytes_s": sent, "total_s": compute + latency + sent,
+            "turns": turns}
+
+
+def tp_pays_up_to(mlp_width: int, link_bytes_per_s: float, flops_per_s: float = H100_FLOPS) -> float:
+    """The largest TP size whose MLP matmuls still take longer than its collectives' bytes: F x W / C.
+
+    The scaling book's rule for large batches (its section 12): within an H100 node, TP < F / 2200. It ignores the
+    latency, which is what a small decode step pays (C22), so it is a ceiling, not a promise.
+    """
+    return mlp_width * link_bytes_per_s / flops_per_s
+
+
+def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
+                     cores: int | None = None) -> list[list[tuple[str, str, float, float]]]:
+    """The calibrated timeline of one TP decode step: for each rank, its segments (kind, site, start_s, end_s).
+
+    compute_s: the step measured on one rank alone (TP = 1); each rank's share, compute_s / TP, is split among the
+    blocks' attention and MLP and the LM head in proportion to the weight bytes each reads (decode reads every weight
+    once). With `cores` < TP, rank r computes in turn r // cores (see predict_tp_step). A collective starts when the
+    last rank arrives and lasts link.seconds(its bytes); a rank that arrived earlier waits inside it.
+    kind is "compute", "wait" (for a core, in a later turn), "all_reduce" or "all_gather".
+    """
+    h = cfg.hidden_size
+    attention = 2 * h * cfg.num_heads * cfg.head_dim + 2 * h * cfg.num_kv_heads * cfg.head_dim  # q, o; k, v
+    mlp = 3 * h * cfg.intermediate_size
+    head = cfg.vocab_size * h
+    per_weight = compute_s / tp / (cfg.num_layers * (attention + mlp) + head)
+    turns = -(-tp // cores) if cores else 1
+    calls = iter(tp_step_collectives(cfg, tp))  # none for TP = 1
+    ranks: list[list[tuple[str, str, float, float]]] = [[] for _ in range(tp)]
+    now = 0.0
+
+    def phase(site: str, weights: int) -> None:
+        """Every rank computes its share of `site` (in turns), then the collective that follows it, if any."""
+        nonlocal now
+        seconds = weights * per_weight
+        for r, segments in enumerate(ranks):
+            start = now + (r // cores if cores else 0) * seconds
+            if seconds and start > now:  # a later turn: the rank waits for a core
+                segments.append(("wait", site, now, start))
+            if seconds:
+                segments.append(("compute", site, start, start + seconds))
+        now += turns * seconds
+        call = next(calls, None)
+        if call is not None:
+            op, where, nbytes = call
+            end = now + link.seconds(nbytes)
+            for r, segments in enumerate(ranks):
+                arrived = segments[-1][3] if segments else 0.0
+                segments.append((op, where, arrived, end))
+            now = end
+
+    phase("embedding", 0)  # the lookup costs next to nothing; its all-reduce follows
+    for _ in range(cfg.num_layers):
+        phase("attention", attention)
+        phase("mlp", mlp)
+    phase("logits", head)
+    return ranks

@@ -1,0 +1,153 @@
+"""Pipeline parallelism (claim C23): the layers cut into stages, each stage's hidden state sent on to the next.
+
+Stage s of p holds layers s x L/p to (s + 1) x L/p - 1; the first stage also holds the embedding, the last the
+final norm and the LM head. A stage cannot start a micro-batch before the stage before it has sent its hidden state
+`[batch, seq, hidden]`, so with one batch all but one stage are idle at any moment. Cut the batch into m
+micro-batches and stage s works on micro-batch i while stage s + 1 works on i - 1: of the time between the first
+stage's start and the last stage's end, each stage idles (p - 1) / (m + p - 1) (the bubble), for stages of equal time.
+
+A stage is the plain ScratchLlama built with L/p layers and the stage's weights; `stage_forward` runs its modules in
+the order the plain model does (the blocks are the model's own Block modules). Times in seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+import torch
+
+from ..device import timed
+from ..errors import CourseError
+from ..model.scratch import ScratchConfig, ScratchLlama
+
+
+def check_stages(cfg: ScratchConfig, stages) -> None:
+    """Refuse a stage count that does not cut the layers into equal parts, in one sentence."""
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise CourseError(f"The number of pipeline stages must be a whole number, at least 1, not {stages!r}.")
+    if cfg.num_layers % stages:
+        fits = [n for n in range(1, cfg.num_layers + 1) if cfg.num_layers % n == 0]
+        raise CourseError(f"{stages} stages do not cut this model's {cfg.num_layers} layers into equal parts: choose "
+                          f"a number of stages from {fits}.")
+
+
+def stage_layers(cfg: ScratchConfig, stage: int, stages: int) -> range:
+    """The layers (of the whole model) that stage `stage` holds."""
+    check_stages(cfg, stages)
+    per = cfg.num_layers // stages
+    return range(stage * per, (stage + 1) * per)
+
+
+def pipeline_stage(read, cfg: ScratchConfig, stage: int, stages: int, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device = "cpu") -> ScratchLlama:
+    """Stage `stage`'s model: the plain ScratchLlama with its L/p layers, their weights read by `read` (see
+    tensor_parallel.checkpoint_reader), and the embedding, final norm and LM head (used by the first and last stage)."""
+    layers = stage_layers(cfg, stage, stages)
+    with torch.device("meta"):
+        model = ScratchLlama(replace(cfg, num_layers=len(layers)))
+    weights = {}
+    for name, _ in model.named_parameters():
+        if name.startswith("layers."):
+            _, index, rest = name.split(".", 2)
+            source = f"layers.{layers[int(index)]}.{rest}"  # this stage's block i is the model's block first + i
+        else:
+            source = name
+        weights[name] = read(source).to(device=device, dtype=dtype)
+    model.load_state_dict(weights, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.stage, model.stages = stage, stages
+    return model.eval()
+
+
+@torch.inference_mode()
+def stage_forward(model: ScratchLlama, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    """One stage's work: token ids `[batch, seq]` into the first stage, its hidden state `[batch, seq, hidden]` into
+    the others; out of the last stage come the logits `[batch, seq, vocab]` (the last position's only with last_only),
+    out of the others the hidden state to send on. No KV cache: a prefill."""
+    first, last = model.stage == 0, model.stage == model.stages - 1
+    seq = x.shape[1]
+    cos, sin = model.rope(torch.arange(seq, device=x.device))
+    if first:
+        x = model.embed_tokens(x)  # [batch, seq, hidden]
+    for block in model.layers:
+        x, _ = block(x, cos, sin)
+    if not last:
+        return x
+    if last_only:
+        x = x[:, -1:]
+    return model.lm_head(model.norm(x))
+
+
+def run_stage(model: ScratchLlama, micro_batches: list[torch.Tensor] | int, hidden_shapes: list[tuple],
+              last_only: bool = False) -> tuple[list[torch.Tensor], list[tuple[str, int, float]]]:
+    """Inside a rank: run this stage over every micro-batch in order (a forward-only GPipe schedule).
+
+    micro_batches: the token ids of each micro-batch on the first stage, their number elsewhere. hidden_shapes: the
+    shape of the hidden state each micro-batch brings. Rank r is stage r: it receives from r - 1, sends to r + 1.
+    Returns (the last stage's logits per micro-batch, else []) and the segments it spent, in order:
+    ("wait", i, s) for waiting on micro-batch i's hidden state, ("compute", i, s) for its work on it.
+    """
+    import torch.distributed as dist
+
+    first, last = model.stage == 0, model.stage == model.stages - 1
+    count = len(micro_batches) if first else micro_batches
+    outputs, segments, sends = [], [], []
+    for i in range(count):
+        if first:
+            x = micro_batches[i]
+        else:
+            x = torch.empty(hidden_shapes[i], dtype=model.dtype, device=model.device)  # [batch, seq, hidden]
+            segments.append(("wait", i, timed(lambda: dist.recv(x, src=model.stage - 1), x.device)[0]))
+        seconds, y = timed(lambda: stage_forward(model, x, last_only), model.device)
+        segments.append(("compute", i, seconds))
+        if last:
+            outputs.append(y)
+        else:
+            sends.append((dist.isend(y.contiguous(), dst=model.stage + 1), y))  # keep y alive until it is sent
+    for work, _ in sends:
+        work.wait()
+    return outputs, segments
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The share of time each stage idles in a pipeline of equal stages: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def timeline(segments: list[tuple[str, int, float]]) -> list[tuple[str, int, float, float]]:
+    """A rank's segments laid end to end from the barrier that started it: (kind, micro-batch, start, end)."""
+    out, now = [], 0.0
+    for kind, i, seconds in segments:
+        out.append((kind, i, now, now + seconds))
+        now += seconds
+    return out
+
+
+def measured_bubble(segments_by_stage: list[list[tuple[str, int, float]]]) -> float:
+    """1 - (a stage's compute time) / (first start to last end), averaged over the stages."""
+    makespan = max(sum(s for _, _, s in segments) for segments in segments_by_stage)
+    busy = [sum(s for kind, _, s in segments if kind == "compute") for segments in segments_by_stage]
+    return 1 - statistics.mean(busy) / makespan
+
+
+def schedule(compute_s: list[list[float]]) -> list[tuple[int, int, float, float]]:
+    """The calibrated schedule: (stage, micro-batch, start, end) when stage s spends compute_s[s][i] on micro-batch i.
+
+    A stage starts micro-batch i once it has finished i - 1 and the stage before has finished i (sending is free).
+    """
+    ends: dict[tuple[int, int], float] = {}
+    out = []
+    for s, row in enumerate(compute_s):
+        for i, seconds in enumerate(row):
+            start = max(ends.get((s, i - 1), 0.0), ends.get((s - 1, i), 0.0))
+            ends[s, i] = start + seconds
+            out.append((s, i, start, start + seconds))
+    return out
+
+
+def schedule_bubble(compute_s: list[list[float]]) -> float:
+    """The bubble of the calibrated schedule (1 - mean busy / makespan)."""
+    makespan = max(end for *_, end in schedule(compute_s))
+    return 1 - statistics.mean(sum(row) for row in compute_s) / makespan

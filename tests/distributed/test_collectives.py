@@ -1,0 +1,88 @@
+"""The cost model of a collective (C22): the fit recovers a known latency and bandwidth, a TP step's collectives are
+counted from the config, the prediction adds them up, and the scaling book's rule comes out as F / 2200."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_anatomy.claims import ClaimFailed, claim
+from llm_anatomy.distributed.collectives import (LINKS, Link, fit_link, predict_tp_step, spread, tp_pays_up_to,
+                                                 tp_step_collectives, tp_step_timeline)
+from llm_anatomy.model.scratch import ScratchConfig
+
+SMOL = ScratchConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                     num_kv_heads=3, head_dim=64, rope_theta=1e5, rms_norm_eps=1e-5, max_position_embeddings=8192)
+
+
+def test_the_fit_recovers_a_known_link():
+    link = Link(latency_s=4e-4, bytes_per_s=2e9)
+    noisy = {n: [link.seconds(n) * f for f in (0.97, 1.0, 1.05)] for n in (4, 256, 4096, 65536, 1 << 20, 1 << 22)}
+    fitted = fit_link(noisy)
+    assert fitted.latency_s == pytest.approx(4e-4, rel=0.05) and fitted.bytes_per_s == pytest.approx(2e9, rel=0.05)
+    assert link.half_bytes == pytest.approx(8e5)  # below 800 kB the latency costs more than the bytes
+
+
+def test_a_tilted_fit_falls_back_to_the_ends_of_the_sweep():
+    flat = {4: [1e-3], 1024: [1.2e-3], 4096: [0.9e-3]}  # noise: the large message was the fastest
+    link = fit_link(flat)
+    assert link.latency_s > 0 and link.bytes_per_s > 0
+    with pytest.raises(Exception, match="at least two"):
+        fit_link({4: [1e-3]})
+
+
+def test_spread_says_how_far_the_repeats_disagree():
+    assert spread([1.0, 1.0, 1.0]) == 0 and spread([1.0, 2.0, 3.0]) == 1.0
+
+
+def test_a_tp_step_makes_two_all_reduces_per_layer_plus_the_embedding_and_the_logits():
+    calls = tp_step_collectives(SMOL, 3)
+    assert len(calls) == 62 and [op for op, _, _ in calls].count("all_reduce") == 61
+    assert calls[0] == ("all_reduce", "embedding", 2304) and calls[-1] == ("all_gather", "logits", 16384 * 4)
+    assert {b for op, _, b in calls if op == "all_reduce"} == {576 * 4}  # one token's hidden state, fp32
+    assert tp_step_collectives(SMOL, 3, batch=8, tokens=2)[1][2] == 8 * 2 * 576 * 4
+    assert tp_step_collectives(SMOL, 1) == []  # a rank alone sends nothing
+
+
+def test_the_prediction_adds_compute_over_tp_and_every_collective():
+    link = Link(1e-3, 1e9)
+    calls = tp_step_collectives(SMOL, 3)
+    p = predict_tp_step(0.09, 3, calls, link)
+    assert p["compute_s"] == pytest.approx(0.03) and p["latency_s"] == pytest.approx(0.062)
+    assert p["bytes_s"] == pytest.approx((61 * 2304 + 65536) / 1e9) and p["turns"] == 1
+    assert p["total_s"] == pytest.approx(p["compute_s"] + p["latency_s"] + p["bytes_s"])
+    shared = predict_tp_step(0.09, 3, calls, link, cores=2)  # 3 ranks on 2 cores compute in 2 turns
+    assert shared["turns"] == 2 and shared["compute_s"] == pytest.approx(0.06)
+    assert predict_tp_step(0.09, 1, [], link)["total_s"] == pytest.approx(0.09)
+
+
+def test_the_calibrated_timeline_lasts_as_long_as_the_prediction():
+    link = Link(3e-4, 4e8)
+    for cores in (None, 2):
+        ranks = tp_step_timeline(SMOL, 3, 0.09, link, cores=cores)
+        predicted = predict_tp_step(0.09, 3, tp_step_collectives(SMOL, 3), link, cores=cores)["total_s"]
+        assert len(ranks) == 3 and all(r[-1][3] == pytest.approx(predicted) for r in ranks)
+        assert sum(k == "all_reduce" for k, *_ in ranks[0]) == 61
+    turns = tp_step_timeline(SMOL, 3, 0.09, link, cores=2)
+    assert turns[2][1][0] == "wait" and turns[2][2][2] > turns[0][1][2]  # on 2 cores the third rank computes after
+    # the first two
+    assert turns[0][2][0] == "all_reduce" and turns[0][2][2] < turns[2][3][2]  # ... so the first waits longer inside
+    alone = tp_step_timeline(SMOL, 1, 0.09, link)
+    assert {k for k, *_ in alone[0]} == {"compute"} and alone[0][-1][3] == pytest.approx(0.09)
+
+
+def test_the_scaling_books_rule_within_an_h100_node():
+    nvlink = LINKS["NVLink, within an H100 node"]
+    assert tp_pays_up_to(28_672, nvlink) == pytest.approx(28_672 / 2200, rel=0.01)  # the book: F / 2200
+    assert tp_pays_up_to(1536, nvlink) < 1  # SmolLM2's MLP is too narrow for TP to pay, even on NVLink
+
+
+def test_a_miscounted_message_breaks_the_claims_evidence():
+    """C22's cell asserts that the step's collectives cost more in latency than in bytes: with messages a
+    thousand times too large (a miscount), the bytes win and the claim fails."""
+    link = Link(1e-3, 5e8)
+    good = predict_tp_step(0.09, 3, tp_step_collectives(SMOL, 3), link)
+    assert claim("C22", good["latency_s"] > good["bytes_s"], "latency over bytes")
+    wrong = [(op, site, 1000 * b) for op, site, b in tp_step_collectives(SMOL, 3)]
+    bad = predict_tp_step(0.09, 3, wrong, link)
+    with pytest.raises(ClaimFailed):
+        claim("C22", bad["latency_s"] > bad["bytes_s"], f"latency {bad['latency_s']}, bytes {bad['bytes_s']}")

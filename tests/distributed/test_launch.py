@@ -1,0 +1,92 @@
+"""The launcher: spawned ranks give back their results in rank order, a failing rank fails the call with its name
+and error, a rank that never joins is a clear timeout, a stalled run meets its deadline, and no rank outlives a call."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import rank_targets
+import torch
+
+from llm_anatomy.device import timed
+from llm_anatomy.distributed.launch import pick_backend, run_ranks, torch_threads
+from llm_anatomy.errors import CourseError
+
+
+def _children() -> set[int]:
+    """This process's live child processes, without multiprocessing's resource tracker (one per parent, by design)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture
+def no_rank_left_behind():
+    before = _children()
+    yield
+    left = _children() - before
+    assert not left, f"processes left behind: {left}"
+
+
+pytestmark = pytest.mark.usefixtures("no_rank_left_behind")
+
+
+def test_three_ranks_give_back_their_results_in_rank_order():
+    results = run_ranks(rank_targets.echo, 3, "hello", timeout_s=30)
+    assert [r["rank"] for r in results] == [0, 1, 2] and {r["world_size"] for r in results} == {3}
+    assert all(r["value"] == "hello" for r in results)
+    assert [r["tensor"].tolist() for r in results] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_the_ranks_form_one_group():
+    assert run_ranks(rank_targets.summed, 3, timeout_s=30) == [6.0, 6.0, 6.0]
+
+
+def test_a_rank_that_raises_fails_the_call_with_its_name_and_error():
+    seconds, error = timed(lambda: pytest.raises(CourseError, run_ranks, rank_targets.fails, 3, 1, timeout_s=30))
+    assert str(error.value) == ("Rank 1 of 3 failed (ValueError: rank 1 was told to fail); all ranks were stopped.")
+    assert error.value.rank == 1 and "ValueError" in error.value.rank_traceback
+    assert seconds < 25  # the others were stopped, not left to wait for their barrier's timeout
+
+
+def test_a_rank_that_never_joins_is_a_clear_timeout():
+    with pytest.raises(CourseError) as error:
+        run_ranks(rank_targets.echo, 3, "x", timeout_s=3, ranks=[0, 1])  # rank 2 is never started
+    assert "waited 3 s for all 3 ranks to join the group" in str(error.value)
+    assert "rank 2 never joined" in str(error.value)
+
+
+def test_a_stalled_run_is_stopped_at_its_deadline():
+    seconds, error = timed(lambda: pytest.raises(CourseError, run_ranks, rank_targets.stalls, 2, timeout_s=30,
+                                                 deadline_s=4))
+    assert "did not finish within 4 s" in str(error.value) and "[0, 1]" in str(error.value)
+    assert seconds < 30
+
+
+def test_bad_arguments_are_refused_before_any_rank_starts():
+    for world in (0, -1, 2.5, True):
+        with pytest.raises(CourseError, match="world_size must be a whole number"):
+            run_ranks(rank_targets.echo, world, "x")
+    with pytest.raises(CourseError, match="backend must be"):
+        run_ranks(rank_targets.echo, 2, "x", backend="mpi")
+
+
+def test_the_backend_follows_the_gpus():
+    backend, device = pick_backend(3)
+    if torch.cuda.device_count() >= 3:
+        assert (backend, device) == ("nccl", "cuda")
+    else:
+        assert (backend, device) == ("gloo", "cpu")  # one GPU cannot hold three NCCL ranks
+    assert pick_backend(1) == ("gloo", "cpu")
+
+
+def test_torch_threads_is_restored():
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

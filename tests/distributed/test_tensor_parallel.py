@@ -1,0 +1,181 @@
+"""Tensor parallelism (C21), picotron-style: slice a plain layer's weight, compare outputs bit for bit; then the whole
+model split over ranks (threads of this process, then real spawned gloo ranks) against one process, and against
+transformers' own tp_plan="auto"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from thread_group import run_threads
+from tiny_models import tiny_llama
+
+from llm_anatomy.claims import ClaimFailed, claim
+from llm_anatomy.errors import CourseError
+from llm_anatomy.distributed.tensor_parallel import (COLUMN, ROW, Communicator, check_tp_size, local_config, shard,
+                                                     split_dim, state_dict_reader, tensor_parallel_llama,
+                                                     valid_tp_sizes, weight_bytes)
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.model.scratch import ScratchLlama
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TP3 = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16, intermediate_size=192,
+           vocab_size=192)  # a tiny model that 3 ranks can share
+
+
+@pytest.fixture(scope="module")
+def tiny3():
+    return ScratchLlama.from_hf(tiny_llama(seed=3, **TP3))
+
+
+def test_which_weights_are_split_and_how():
+    assert [split_dim(f"layers.4.self_attn.{n}.weight") for n in ("q_proj", "k_proj", "v_proj", "o_proj")] == \
+        [COLUMN, COLUMN, COLUMN, ROW]
+    assert [split_dim(f"layers.0.mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj")] == [0, 0, 1]
+    assert split_dim("embed_tokens.weight") == split_dim("lm_head.weight") == 0  # by vocabulary
+    assert split_dim("layers.0.input_layernorm.weight") is None and split_dim("norm.weight") is None
+
+
+def _integer_layer(out_features: int, in_features: int, seed: int):
+    """A layer and an input of small whole numbers: every sum is exact in fp32, in any order, on any machine, so
+    "bit for bit" does not depend on how a matmul kernel orders its additions."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randint(-4, 5, (out_features, in_features), generator=g).float()  # [out, in]
+    x = torch.randint(-4, 5, (2, 5, in_features), generator=g).float()  # [batch, seq, in]
+    return weight, x
+
+
+def test_a_column_split_is_a_slice_of_the_output_bit_for_bit():
+    weight, x = _integer_layer(24, 40, seed=0)
+    full = x @ weight.T  # [2, 5, 24]
+    for rank in range(3):
+        part = shard(weight, COLUMN, rank, 3)
+        assert torch.equal(part, weight[rank * 8:(rank + 1) * 8])
+        assert torch.equal(x @ part.T, full[..., rank * 8:(rank + 1) * 8])
+
+
+def test_row_splits_add_up_to_the_output_after_the_all_reduce():
+    weight, x = _integer_layer(20, 48, seed=1)
+    parts = [x[..., r * 16:(r + 1) * 16] @ shard(weight, ROW, r, 3).T for r in range(3)]
+    assert torch.equal(parts[0] + parts[1] + parts[2], x @ weight.T)  # what the all-reduce computes
+    assert not torch.equal(parts[0], x @ weight.T)  # one rank's partial sum is not the answer
+    g = torch.Generator().manual_seed(2)  # real numbers: equal to rounding, the sums taken in another order
+    layer, y = torch.nn.Linear(48, 20, bias=False), torch.randn(3, 48, generator=g)
+    total = sum(y[..., r * 16:(r + 1) * 16] @ shard(layer.weight, ROW, r, 3).T for r in range(3))
+    assert torch.allclose(total, layer(y), rtol=0, atol=1e-6)
+
+
+def test_only_sizes_that_divide_the_heads_are_allowed(real):
+    cfg = ScratchLlama.from_hf(real).cfg
+    assert valid_tp_sizes(cfg) == [1, 3]  # 9 query heads, 3 KV heads
+    with pytest.raises(CourseError, match=r"^TP = 2 does not divide this model's 9 query heads and 3 KV heads: .*"
+                                          r"choose a TP size from \[1, 3\]\.$"):
+        check_tp_size(cfg, 2)
+    for bad in (0, -3, 1.5, True, "3"):
+        with pytest.raises(CourseError, match="whole number"):
+            check_tp_size(cfg, bad)
+    assert local_config(cfg, 3).num_heads == 3 and local_config(cfg, 3).num_kv_heads == 1
+    assert local_config(cfg, 3).intermediate_size == 512
+
+
+def test_smollm2_360m_allows_tp5_and_a_1b_shape_allows_powers_of_two():
+    from transformers import LlamaConfig
+
+    from llm_anatomy.model.scratch import ScratchConfig
+    from llm_anatomy.weights.random import RANDOM_SHAPES
+
+    shapes = {n: ScratchConfig.from_hf(LlamaConfig(**RANDOM_SHAPES[n])) for n in ("360m", "1b")}
+    assert valid_tp_sizes(shapes["360m"]) == [1, 5]  # 15 query heads, 5 KV heads; the vocabulary is padded
+    assert valid_tp_sizes(shapes["1b"]) == [1, 2, 4, 8]  # 32 and 8
+
+
+def test_tp2_is_refused_before_any_weight_is_read(tiny3):
+    read_calls = []
+
+    def read(*args):
+        read_calls.append(args)
+        raise AssertionError("no weight should be read")
+
+    with pytest.raises(CourseError, match="TP = 2"):
+        tensor_parallel_llama(read, tiny3.cfg, 0, 2)
+    assert read_calls == []
+
+
+def test_tp1_gives_exactly_the_plain_models_logits_and_tokens(tiny3):
+    alone = tensor_parallel_llama(state_dict_reader(tiny3), tiny3.cfg, 0, 1, Communicator())
+    ids = torch.tensor([[5, 17, 99, 3, 150, 42]])
+    assert torch.equal(alone(ids), tiny3(ids))
+    assert torch.equal(generate_greedy(alone, ids, 12).tokens, generate_greedy(tiny3, ids, 12).tokens)
+    alone.comm.reset()
+    alone(ids)  # a rank alone sends nothing, but records where the collectives would be
+    assert alone.comm.counts() == {"embedding": 1, "attention": 2, "mlp": 2, "logits": 1}
+
+
+def _tp3(model, ids, drop=(), new_tokens=0):
+    def work(rank, comm):
+        m = tensor_parallel_llama(state_dict_reader(model), model.cfg, rank, 3, comm)
+        logits = m(ids)
+        calls = list(m.comm.calls)
+        tokens = generate_greedy(m, ids, new_tokens).tokens if new_tokens else None
+        return {"logits": logits, "calls": calls, "tokens": tokens, "bytes": weight_bytes(m),
+                "kv": m.new_cache(1, 20).allocated_bytes()}
+
+    return run_threads(3, work, drop)
+
+
+def test_tp3_in_threads_matches_one_process(tiny3):
+    ids = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
+    ranks = _tp3(tiny3, ids, new_tokens=10)
+    want = tiny3(ids)
+    for r in ranks:
+        assert torch.allclose(r["logits"], want, rtol=0, atol=1e-5)
+        assert torch.equal(r["tokens"], generate_greedy(tiny3, ids, 10).tokens)
+    sites = [c.site for c in ranks[0]["calls"]]
+    assert sites == ["embedding"] + ["attention", "mlp"] * tiny3.cfg.num_layers + ["logits"]
+    hidden_bytes = 1 * 7 * 96 * 4  # batch x tokens x hidden x fp32
+    assert {c.bytes for c in ranks[0]["calls"] if c.op == "all_reduce"} == {hidden_bytes}
+    assert 3 * ranks[0]["kv"] == tiny3.new_cache(1, 20).allocated_bytes()  # each rank: its own KV heads
+    norms = sum(p.numel() * 4 for n, p in tiny3.named_parameters() if "norm" in n)  # the norms are kept whole
+    assert 3 * (ranks[0]["bytes"] - norms) == weight_bytes(tiny3) - norms
+
+
+def test_a_vocabulary_that_tp_does_not_divide_is_padded():
+    odd = ScratchLlama.from_hf(tiny_llama(seed=4, **{**TP3, "vocab_size": 190}))  # 190 = 3 x 63 + 1
+    ids = torch.tensor([[189, 0, 64, 63, 127, 128]])  # the first and last rows of each rank's share
+    ranks = _tp3(odd, ids, new_tokens=6)
+    assert ranks[0]["logits"].shape == (1, 6, 190)
+    assert torch.allclose(ranks[0]["logits"], odd(ids), rtol=0, atol=1e-5)
+    assert torch.equal(ranks[2]["tokens"], generate_greedy(odd, ids, 6).tokens)
+
+
+@pytest.mark.parametrize("site", ["attention", "mlp", "embedding"])
+def test_a_missing_all_reduce_breaks_the_claims_evidence(tiny3, site):
+    """The C21 claim cell compares the logits: a model that forgets one all-reduce fails it."""
+    ids = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
+    got = _tp3(tiny3, ids, drop={site})[0]["logits"]
+    diff = (got - tiny3(ids)).abs().max().item() / tiny3(ids).abs().max().item()
+    with pytest.raises(ClaimFailed):
+        claim("C21", diff <= 1e-5, f"max |logit difference| {diff:.1e} of the scale")
+
+
+def test_a_wrong_split_breaks_the_claims_evidence(tiny3):
+    """Interleaved rows (every third one) instead of contiguous blocks: the heads no longer line up."""
+    weights = tiny3.state_dict()
+
+    def strided(name, dim=None, start=0, stop=None):
+        if dim == COLUMN and "q_proj" in name:
+            size = stop - start
+            return weights[name][start // size::3].clone()  # every third row, from this rank's first
+        return state_dict_reader(tiny3)(name, dim, start, stop)
+
+    def work(rank, comm):
+        return tensor_parallel_llama(strided, tiny3.cfg, rank, 3, comm)(ids)
+
+    ids = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
+    got = run_threads(3, work)[0]
+    assert (got - tiny3(ids)).abs().max() > 1e-3
+
+
+def test_a_shard_of_the_wrong_shape_is_refused(tiny3):
+    weights = tiny3.state_dict()
+    with pytest.raises(CourseError, match="rank 0's share has shape"):
+        tensor_parallel_llama(lambda name, *where: weights[name], tiny3.cfg, 0, 3)  # unsplit weights

@@ -1,0 +1,63 @@
+"""Notebook 10's pictures draw what they are given: every rank and stage, units on the axes, the fitted line."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from llm_anatomy.distributed.collectives import Link, tp_step_timeline  # noqa: E402
+from llm_anatomy.distributed.pipeline import schedule  # noqa: E402
+from llm_anatomy.model.scratch import ScratchConfig  # noqa: E402
+from llm_anatomy.views.parallel import (plot_block_split, plot_bubble, plot_link_fit, plot_pipeline_gantt,  # noqa: E402
+                                        plot_tp_timeline)
+
+SMOL = ScratchConfig(49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192)
+
+
+def _texts(ax) -> str:
+    return " ".join(t.get_text() for t in ax.texts)
+
+
+def test_the_block_split_names_each_ranks_heads_and_both_all_reduces():
+    ax = plot_block_split(SMOL, 3)
+    text = _texts(ax)
+    assert "rank 0" in text and "rank 2" in text and text.count("all-\nreduce") == 2
+    assert "query heads 6-8\nKV head 2" in text and "width 1024-1535" in text  # rank 2's heads and MLP columns
+    plt.close("all")
+
+
+def test_the_tp_timeline_draws_each_rank_and_its_waits():
+    ranks = tp_step_timeline(SMOL, 3, 0.09, Link(3e-4, 4e8), cores=2)
+    ax = plot_tp_timeline(ranks)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
+    assert "(ms)" in ax.get_xlabel() and len(ax.patches) == sum(len(r) for r in ranks)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["computing its share", "waiting for a core", "inside an all-reduce", "inside the all-gather"]
+    plt.close("all")
+
+
+def test_the_link_fit_draws_the_repeats_the_medians_and_the_line():
+    sweep = {4: [1e-3, 1.1e-3], 4096: [1.1e-3, 1.2e-3], 1 << 20: [3e-3, 3.5e-3]}
+    ax = plot_link_fit(sweep, Link(1e-3, 5e8), marks={"one token": 2304})
+    assert ax.get_xscale() == "log" and "(bytes)" in ax.get_xlabel() and "(ms)" in ax.get_ylabel()
+    assert "1.000 ms + bytes / 0.50 GB/s" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "one token" in _texts(ax)
+    plt.close("all")
+
+
+def test_the_gantt_chart_has_a_bar_per_micro_batch_per_stage():
+    slots = schedule([[0.01] * 4, [0.01] * 4])
+    ax = plot_pipeline_gantt(slots, 2)
+    assert [t.get_text() for t in ax.texts] == ["0", "1", "2", "3"] * 2
+    assert len(ax.patches) == 2 + 8  # an idle background per stage, then the micro-batches
+    plt.close("all")
+
+
+def test_the_bubble_plot_draws_the_formula_and_the_medians():
+    ax = plot_bubble({1: [0.5, 0.5], 2: [0.35, 0.3], 4: [0.2, 0.22]}, 2)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["measured (median)", "(p - 1) / (m + p - 1)"]
+    assert ax.get_ylabel().endswith("(%)")
+    plt.close("all")
