@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.claims import ClaimFailed, claim
 from llm_anatomy.distributed.pipeline import (bubble_fraction, check_stages, measured_bubble, pipeline_stage,
@@ -16,7 +16,7 @@ from llm_anatomy.model.scratch import ScratchLlama
 
 
 def test_stages_cut_the_layers_evenly():
-    cfg = ScratchLlama.from_hf(tiny_llama(num_hidden_layers=6)).cfg
+    cfg = ScratchLlama.from_hf(random_llama(num_hidden_layers=6)).cfg
     assert [list(stage_layers(cfg, s, 2)) for s in range(2)] == [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(CourseError, match=r"4 stages do not cut this model's 6 layers into equal parts: choose a "
                                           r"number of stages from \[1, 2, 3, 6\]\."):
@@ -26,7 +26,7 @@ def test_stages_cut_the_layers_evenly():
 
 
 def test_stages_in_one_process_give_the_plain_models_logits_bit_for_bit():
-    plain = ScratchLlama.from_hf(tiny_llama(seed=5, num_hidden_layers=4))
+    plain = ScratchLlama.from_hf(random_llama(seed=5, num_hidden_layers=4))
     ids = torch.tensor([[3, 14, 15, 92, 65], [35, 89, 79, 32, 38]])
     read = state_dict_reader(plain)
     first, last = (pipeline_stage(read, plain.cfg, s, 2) for s in range(2))

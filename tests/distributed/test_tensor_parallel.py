@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from thread_group import run_threads
-from tiny_models import tiny_llama
+from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.claims import ClaimFailed, claim
 from llm_anatomy.errors import CourseError
@@ -24,7 +24,7 @@ TP3 = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_di
 
 @pytest.fixture(scope="module")
 def tiny3():
-    return ScratchLlama.from_hf(tiny_llama(seed=3, **TP3))
+    return ScratchLlama.from_hf(random_llama(seed=3, **TP3))
 
 
 def test_which_weights_are_split_and_how():
@@ -139,7 +139,7 @@ def test_tp3_in_threads_matches_one_process(tiny3):
 
 
 def test_a_vocabulary_that_tp_does_not_divide_is_padded():
-    odd = ScratchLlama.from_hf(tiny_llama(seed=4, **{**TP3, "vocab_size": 190}))  # 190 = 3 x 63 + 1
+    odd = ScratchLlama.from_hf(random_llama(seed=4, **{**TP3, "vocab_size": 190}))  # 190 = 3 x 63 + 1
     ids = torch.tensor([[189, 0, 64, 63, 127, 128]])  # the first and last rows of each rank's share
     ranks = _tp3(odd, ids, new_tokens=6)
     assert ranks[0]["logits"].shape == (1, 6, 190)

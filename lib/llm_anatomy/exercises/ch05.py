@@ -51,7 +51,7 @@ def check_temperature(apply_temperature) -> str:
     expect(callable(apply_temperature), "define apply_temperature(logits, temperature) returning probabilities.")
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
     for t in (1.0, 0.5, 2.0, 0.1):
-        with _no_sampler("scale_by_temperature", "_divide_by_temperature", why="divide the logits yourself"):
+        with _no_sampler("_divide_by_temperature", why="divide the logits yourself"):
             got = returned(call(apply_temperature, logits.clone(), t), "tensor", "the probabilities")
         expect(got.shape == logits.shape, f"return a tensor of probabilities, one per token: shape "
                                           f"{list(logits.shape)}, not {list(got.shape)}.")
