@@ -11,10 +11,13 @@ While it runs, a request has an `Admission`, the scheduler's record of it: its b
 block table in a PagedKVPool (paged_kv.py) and the positions computed. When the pool runs dry, the youngest request
 is preempted: its admission ends, its blocks are freed, and it is recomputed after a new admission from its prompt
 and the tokens it has produced, which it keeps (vLLM's "preemption by recompute"). Each admission is one span of
-the request in a batch slot, from its admission to its retirement or preemption (`Request.spans`). A real engine packs the decodes and prompt chunks of an iteration into
-one call of concatenated sequences; our model takes rectangles, so an iteration makes one decode call and one call
-for all prompt chunks (left-padded to the longest), through the course's one decoding loop (`prefill`,
-`decode_step`). Every token of an iteration comes out when the iteration ends. The clock is batching.Engine's.
+the request in a batch slot, from its admission to its retirement or preemption (`Request.spans`).
+
+A real engine packs the decodes and prompt chunks of an iteration into one call of concatenated sequences; our model
+takes rectangles, so an iteration makes one decode call and one call for all prompt chunks (left-padded to the
+longest), each through the pool's one reader (paged_kv.RaggedPagedView) and the course's one decoding loop
+(`prefill`, `decode_step`). Every token of an iteration comes out when the iteration ends. The clock is
+batching.Engine's.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ buttons to the session and puts these strings on screen.
 from __future__ import annotations
 
 import html
-import statistics
 
 from ..generate.steps import StepResult
+from ..measure.timing import median_decode_step_s
 from .labels import token_label
 
 _MONO = "font-family:ui-monospace,Menlo,Consolas,monospace"
@@ -78,7 +78,8 @@ def times_html(steps: list[StepResult], last: int = 12) -> str:
         for name, ms, fed in shown)
     summary = ""
     if decode:
-        summary = f"median decode step {statistics.median(s.ms for s in decode):.1f} ms over {len(decode)} steps"
+        median_ms = median_decode_step_s(s.ms / 1e3 for s in decode) * 1e3  # TPOT, as notebook 07 defines it
+        summary = f"median decode step {median_ms:.1f} ms over {len(decode)} steps"
     return (f'<div><b>Time per model call</b><table style="font-size:12px">{rows}</table>'
             f'<div style="color:#555;font-size:12px">{summary}</div></div>')
 

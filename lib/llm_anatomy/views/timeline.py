@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
+from ..measure.timing import median_decode_step_s
 
 
 def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str | None = None):
@@ -27,7 +27,7 @@ def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str 
         arrivals = [ttft_ms] + [ttft_ms + sum(decode_ms[:i + 1]) for i in range(len(decode_ms))]
         ax.plot(arrivals, [row + 0.35] * len(arrivals), "v", color="black", ms=4,
                 label="a token arrives" if row == 0 else None)
-        gap = f", then one every {statistics.median(decode_ms):.1f} ms (median)" if decode_ms else ""
+        gap = f", then one every {median_decode_step_s(steps[1:]) * 1e3:.1f} ms (median)" if decode_ms else ""
         ax.annotate(f"first token at {ttft_ms:.0f} ms{gap}", (start, row), xytext=(6, -3),
                     textcoords="offset points", fontsize=8)
     ax.set_yticks(range(len(requests)), list(requests))
