@@ -39,6 +39,8 @@ def test_one_hot_embed_mistakes_get_specific_messages():
 def test_cosine_similarity():
     not_yet(ch02.check_cosine_similarity(lambda a, b: float(a @ b)), "both lengths")
     not_yet(ch02.check_cosine_similarity(lambda a, b: [1.0]), "single number")
+    abs_cosine = lambda a, b: abs(float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b))))  # noqa: E731
+    not_yet(ch02.check_cosine_similarity(abs_cosine), "do not take abs()")
     not_yet(ch02.check_cosine_similarity(unattempted), "not attempted")
 
 

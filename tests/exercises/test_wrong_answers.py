@@ -170,6 +170,13 @@ def test_9_1_and_9_2_the_librarys_kernels_are_refused():
 # =========================================================================== 3. no wrong answer marked Correct
 
 
+def test_2_2_abs_of_the_cosine_is_refused():
+    # with only same-direction pairs, abs(cos) passed; opposite vectors have cosine -1
+    def abs_cosine(a, b):
+        return abs(float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b))))
+    not_yet(ch02.check_cosine_similarity(abs_cosine), "opposite directions", "do not take abs()")
+
+
 def test_6_2_an_update_that_reallocates_with_cat_is_refused():
     def reallocates(self, layer, k, v):
         end = self.length + k.shape[2]

@@ -73,6 +73,12 @@ def check_cosine_similarity(cosine) -> str:
     with forbidden_all(library, "divide the dot product by both lengths yourself"):
         same = returned(call(cosine, a.clone(), 10 * a), "number", "the cosine (a single number)")
     expect(abs(same - 1.0) < 1e-5, f"a vector and 10 times it point the same way: cosine 1, not {same:.4f}.")
+    with forbidden_all(library, "divide the dot product by both lengths yourself"):
+        away = returned(call(cosine, torch.tensor([0.0, 3.0, -4.0]), torch.tensor([0.0, -6.0, 8.0])), "number",
+                        "the cosine (a single number)")
+    expect(abs(away + 1.0) < 1e-5,
+           f"[0,3,-4] and [0,-6,8] point in opposite directions: cosine -1, not {away:.4f}"
+           + (": the sign is the answer, do not take abs()." if abs(away - 1.0) < 1e-5 else "."))
     return "cosine similarity ignores length and compares direction only."
 
 
