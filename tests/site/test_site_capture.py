@@ -56,6 +56,18 @@ def test_nbval_still_reports_as_before(run):
     assert "02_bad.ipynb::Cell 1" in proc.stdout
 
 
+def test_the_summary_says_what_each_notebook_took(run):
+    _, executed, proc = run
+    lines = proc.stdout.splitlines()
+    assert any("nbval seconds per notebook" in line for line in lines), proc.stdout[-3000:]
+    took = {line.split()[-1]: float(line.split()[0]) for line in lines if line.strip().endswith(".ipynb")
+            and line.split()[1:2] == ["s"]}
+    assert set(took) == {"01_good.ipynb", "02_bad.ipynb"}, proc.stdout[-3000:]
+    recorded = nbformat.read(str(executed / "01_good.ipynb"), as_version=4).metadata[META_KEY]["seconds"]
+    assert took["01_good.ipynb"] == recorded > 0
+    assert any("all notebooks" in line for line in lines)
+
+
 def test_a_passing_notebook_is_kept_with_its_outputs(run):
     notebooks, executed, _ = run
     nb = nbformat.read(str(executed / "01_good.ipynb"), as_version=4)

@@ -110,6 +110,7 @@ class Recorder:
         self.config = config
         self.pending: dict[Path, dict] = {}  # notebook path -> {"file": IPyNbFile, "cells": {num: record}}
         self._environment: dict | None = None
+        self.seconds: dict[str, float] = {}  # notebook file name -> seconds its cells ran
 
     # -- collecting
 
@@ -151,7 +152,15 @@ class Recorder:
             self._write(path)
 
     def pytest_terminal_summary(self, terminalreporter):
-        """Say where the book is when this run built it (tests/browser/test_site.py does, last)."""
+        """Say what each notebook took (the course's time budget is read here) and where the book is when this run
+        built it (tests/browser/test_site.py does, last)."""
+        if self.seconds:
+            terminalreporter.write_sep("-", "nbval seconds per notebook")
+            for name, seconds in sorted(self.seconds.items()):
+                terminalreporter.write_line(f"{seconds:8.1f} s  {name}")
+            load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+            terminalreporter.write_line(f"{sum(self.seconds.values()):8.1f} s  all notebooks "
+                                        f"({os.cpu_count()} cores, load average now {load})")
         index = Path(__file__).resolve().parents[2] / "build" / "site" / "index.html"
         if index.is_file() and index.stat().st_mtime >= getattr(self, "started", time.time()):
             size = sum(p.stat().st_size for p in index.parent.rglob("*") if p.is_file())
@@ -185,6 +194,7 @@ class Recorder:
                 cell.execution_count = None
             total += record["seconds"]
             cell.metadata[META_KEY] = {key: record[key] for key in ("status", "seconds", "detail") if key in record}
+        self.seconds[path.name] = round(total, 1)
         nb.metadata[META_KEY] = {"source": path.name, "source_digest": source_digest(nb), "seconds": round(total, 1),
                                  "environment": self._environment}
         nb.metadata.pop("widgets", None)
