@@ -71,13 +71,13 @@ def check_b1_prefill_head(report: Report, model, n: int) -> None:
 def check_b2_scores(report: Report, model, n: int, peaks) -> None:
     """B2: the naive attention's score traffic is counted, and where a long prefill lands is read, not assumed."""
     from llm_anatomy.generate.decode import prefill
-    from llm_anatomy.measure.roofline import forward_work, roofline_point
+    from llm_anatomy.measure.roofline import forward_work, naive_score_bytes, roofline_point
     from llm_anatomy.measure.timing import time_it
 
     cfg, device = model.cfg, model.device
     plain, naive = forward_work(cfg, n, bytes_per_element=2), forward_work(cfg, n, bytes_per_element=2,
                                                                            materialized_scores=True)
-    scores = 3 * 4 * cfg.num_layers * cfg.num_heads * n * n
+    scores = naive_score_bytes(2) * cfg.num_layers * cfg.num_heads * n * n  # the plain attention's passes, 16 bits
     report.check("B2 score bytes", abs((naive.bytes - plain.bytes) - scores) < 1e-6 * naive.bytes,
                  f"{n}-token prefill: scores add {scores / 1e9:.2f} GB to {plain.bytes / 1e9:.2f} GB "
                  f"({scores / naive.bytes:.0%} of the bytes); intensity {naive.intensity:.1f} instead of "

@@ -31,6 +31,10 @@ def test_json_has_every_figure(quick_json):
     assert kv["same_tokens"] is True and kv["first_divergence"] is None
     assert [row["prompt_tokens"] for row in r["prefill"]] == [16, 64]
     assert [row["batch"] for row in r["decode_batch"]] == [1, 4]
+    for row in r["prefill"]:  # both attention paths, each on its own count of the work
+        assert row["naive_flops_per_s"] == row["flops_per_s"]
+        assert all(positive(row[k]) for k in ("sdpa_seconds", "sdpa_tokens_per_s", "sdpa_flops_per_s", "sdpa_intensity"))
+        assert row["sdpa_intensity"] > row["intensity"]  # no score matrix in memory: fewer bytes for its FLOPs
     for row in r["prefill"] + r["decode_batch"]:
         assert all(positive(row[k]) for k in ("tokens_per_s", "flops_per_s", "intensity"))
     assert positive(r["bandwidth_use"]["bytes_per_token"]) and positive(r["bandwidth_use"]["fraction"])

@@ -142,3 +142,24 @@ def test_loop_mistakes():
     not_yet(ch05.check_generate_until_stop(no_reason), "two things")
     not_yet(ch05.check_generate_until_stop(wrong_reason), "the reason should be")
     not_yet(ch05.check_generate_until_stop(unattempted), "not attempted")
+
+
+def test_min_p_solution_passes_and_typical_mistakes_are_named():
+    assert ch05.check_min_p(solutions.keep_min_p).passed
+    absolute = lambda l, m: set(torch.nonzero(torch.softmax(l, -1) >= m).flatten().tolist())  # noqa: E731
+    assert "scales the threshold" in ch05.check_min_p(absolute).message
+    on_logits = lambda l, m: set(torch.nonzero(l >= m * l.max()).flatten().tolist())  # noqa: E731
+    assert "compared the logits" in ch05.check_min_p(on_logits).message
+    strict = lambda l, m: set(torch.nonzero(torch.softmax(l, -1) > m * torch.softmax(l, -1).max()).flatten().tolist())  # noqa: E731
+    assert "exactly on the threshold" in ch05.check_min_p(strict).message
+    assert "kept" in ch05.check_min_p(lambda l, m: {int(l.argmax())}).message
+
+
+def test_min_p_shortcuts_through_the_library_are_refused():
+    from llm_anatomy.generate.sampling import min_p_mask, next_token_probs
+
+    verdict = ch05.check_min_p(lambda l, m: set(min_p_mask(l, m).nonzero().flatten().tolist()))
+    assert not verdict.passed and "min_p_mask" in verdict.message
+    verdict = ch05.check_min_p(lambda l, m: set((next_token_probs(l, min_p=m) > 0).nonzero().flatten().tolist()))
+    assert not verdict.passed and "next_token_probs" in verdict.message
+    assert "not attempted" in ch05.check_min_p(lambda l, m: (_ for _ in ()).throw(NotImplementedError)).message

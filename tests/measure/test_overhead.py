@@ -9,7 +9,8 @@ from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.errors import CourseError
 from llm_anatomy.measure.peaks import Peaks
 from llm_anatomy.measure.roofline import Work
-from llm_anatomy.measure.overhead import count_ops, count_step_ops, dispatch_cost_s, regime, regime_times
+from llm_anatomy.measure.overhead import (count_ops, count_step_ops, dispatch_cost_s, op_mix_cost_s, regime,
+                                         regime_times)
 from llm_anatomy.model.scratch import ScratchLlama
 
 PEAKS = Peaks("test", "fp32", flops_per_s=1e11, bytes_per_s=1e10, how="by hand")  # ridge at 10 FLOP/byte
@@ -79,3 +80,18 @@ def test_a_step_far_above_every_bound_is_unexplained():
     assert regime(bounds, measured_s=0.2, slack=5) == "memory"
     with pytest.raises(CourseError, match=">= 0"):
         regime_times(Work(1, 1), -1, PEAKS, 1e-6)
+
+
+def test_the_op_mix_cost_is_a_real_step_over_its_op_count(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    cache = model.new_cache(1, 16)
+    prefill(model, torch.tensor([[5, 6, 7]]), cache)
+
+    def step():
+        cache.length = 3
+        decode_step(model, torch.tensor([[8]]), cache)
+
+    per_op, ops = op_mix_cost_s(step, repeats=3)
+    assert ops == count_step_ops(step).ops and 0 < per_op < 0.1  # seconds per op: far from a tenth of a second
+    with pytest.raises(CourseError, match="no PyTorch op"):
+        op_mix_cost_s(lambda: None)

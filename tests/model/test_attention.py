@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from llm_anatomy import CourseError
-from llm_anatomy.model.attention import attention, attention_probabilities, causal_mask, kv_head_of, repeat_kv
+from llm_anatomy.model.attention import (attention, attention_probabilities, causal_mask, check_attention_path,
+                                        kv_head_of, repeat_kv, sdpa_attention)
 from llm_anatomy.model.rope import rope_cos_sin
 from llm_anatomy.model.scratch import ScratchLlama
 
@@ -133,3 +134,38 @@ def test_equals_a_real_layer_of_the_real_model(real):
         mine, weights = ours.layers[5].self_attn(seen["x"], cos, sin, return_weights=True)
     assert (mine - seen["out"]).abs().max() < 1e-4
     assert weights.shape == (1, 9, seen["x"].shape[1], seen["x"].shape[1])
+
+
+# ------------------------------------------------------------------ the SDPA path equals the plain one
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1), (9, 3)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_path_equals_the_plain_path(heads, kv_heads, causal):
+    q, k, v = _qkv(heads, kv_heads)
+    assert (sdpa_attention(q, k, v, causal=causal) - attention(q, k, v, causal=causal)).abs().max() < 1e-5
+
+
+def test_sdpa_path_with_padding_and_a_cache_equals_the_plain_path():
+    q, k, v = _qkv(seq=7)
+    key_mask = torch.tensor([[False, False, True, True, True, True, True], [True] * 7])
+    ours, plain = sdpa_attention(q, k, v, key_mask=key_mask), attention(q, k, v, key_mask=key_mask)
+    assert (ours - plain).abs().max() < 1e-5
+    assert torch.equal(ours[0, :, :2], torch.zeros_like(ours[0, :, :2]))  # padding queries: zeros, not NaN
+    # queries that are the last 3 of 7 positions (a chunk after a cache) and a single decode query
+    for q_len in (3, 1):
+        tail = q[:, :, -q_len:]
+        for mask in (None, key_mask):
+            assert (sdpa_attention(tail, k, v, key_mask=mask) - attention(tail, k, v, key_mask=mask)).abs().max() < 1e-5
+
+
+def test_sdpa_path_in_bf16_equals_the_plain_path_to_rounding():
+    q, k, v = (t.bfloat16() for t in _qkv(9, 3, seq=33))
+    ours, plain = sdpa_attention(q, k, v).float(), attention(q, k, v).float()
+    assert (ours - plain).abs().max() < 2e-2 * plain.abs().max()
+
+
+def test_an_unknown_attention_path_is_refused():
+    with pytest.raises(CourseError, match="'naive', 'sdpa'"):
+        check_attention_path("flash")
+    assert check_attention_path("sdpa") == "sdpa"

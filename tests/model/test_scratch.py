@@ -77,6 +77,40 @@ def test_tiny_greedy_equals_generate():
     assert result["identical"] and len(result["ours"]) == len(result["theirs"]) > 0
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_sdpa_path_equals_the_plain_path_full_cached_and_padded(layout):
+    hf = random_llama(num_key_value_heads=LAYOUTS[layout])
+    plain, fused = ScratchLlama.from_hf(hf), ScratchLlama.from_hf(hf, attention="sdpa")
+    assert (plain.attention, fused.attention) == ("naive", "sdpa")
+    assert fused.layers[0].self_attn.q_proj.weight is plain.layers[0].self_attn.q_proj.weight  # one set of weights
+    ids = _ids(3, 9)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9, [0] * 8 + [1]])
+    ids[mask == 0] = 2
+    with torch.no_grad():
+        assert (fused(ids) - plain(ids)).abs().max() < 1e-5
+        assert (fused(ids, attention_mask=mask) - plain(ids, attention_mask=mask)).abs().max() < 1e-5
+        caches = [m.new_cache(3, 14) for m in (plain, fused)]
+        for step in range(5):  # a padded prefill, then decode steps through the cache
+            chunk = ids if step == 0 else _ids(3, 1, seed=step)
+            full_mask = torch.cat([mask, torch.ones(3, step, dtype=mask.dtype)], dim=1)
+            out = [m(chunk, cache=c, attention_mask=full_mask) for m, c in zip((plain, fused), caches)]
+            assert (out[1] - out[0]).abs().max() < 1e-5
+        assert caches[1].length == 13
+
+
+def test_the_attention_path_can_be_switched_and_is_checked():
+    model = ScratchLlama.from_hf(random_llama())
+    model.attention = "sdpa"
+    assert {b.self_attn.path for b in model.layers} == {"sdpa"}
+    weights = model.attention_weights(_ids(1, 6), layer=0)  # the fused kernel keeps none: the plain path gives them
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 4, 6))
+    with pytest.raises(CourseError, match="attention must be one of"):
+        model.attention = "flash"
+    with pytest.raises(CourseError, match="attention must be one of"):
+        ScratchLlama.from_hf(random_llama(), attention="eager")
+    assert model.attention == "sdpa"  # the refused value changed nothing
+
+
 def test_trace_exposes_the_residual_stream_and_attention_weights():
     hf = random_llama()
     hf.set_attn_implementation("eager")  # so transformers returns its attention weights
@@ -198,6 +232,13 @@ def test_real_model_matches_the_written_out_reference_bit_for_bit(real):
     ids = torch.randint(0, real.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
     assert eager_difference(real.model, ours, ids) < 1e-5
     assert real.model.config._attn_implementation == "sdpa"  # put back for the other tests
+
+
+def test_real_sdpa_path_equals_the_plain_path_within_1e_4(real):
+    plain, fused = ScratchLlama.from_hf(real.model), ScratchLlama.from_hf(real.model, attention="sdpa")
+    ids = natural_text_ids(real.tokenizer, 256)
+    with torch.no_grad():
+        assert (fused(ids, logits_to_keep=8) - plain(ids, logits_to_keep=8)).abs().max() < 1e-4
 
 
 def test_real_cached_decode_within_1e_4(real):

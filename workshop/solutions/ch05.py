@@ -31,6 +31,12 @@ def keep_top_p(logits: torch.Tensor, p: float) -> set[int]:
     return set(order[before < p].tolist())
 
 
+def keep_min_p(logits: torch.Tensor, min_p: float) -> set[int]:
+    """Exercise 5.6: the tokens whose probability is at least min_p times the most likely token's."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    return set(torch.nonzero(probs >= min_p * probs.max()).flatten().tolist())
+
+
 def generate_until_stop(model, ids: torch.Tensor, max_new_tokens: int, stop_ids) -> tuple[list[int], str]:
     """Exercise 5.5: append and rerun until a stop id or the length limit; the reason is 'stop' or 'length'."""
     new = []

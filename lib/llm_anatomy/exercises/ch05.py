@@ -1,4 +1,4 @@
-"""Checks for notebook 05 (generation): greedy choice, temperature, top-k, top-p, the decoding loop with a stop.
+"""Checks for notebook 05 (generation): greedy choice, temperature, top-k, top-p, min-p, the decoding loop with a stop.
 
 The top-p check compares the learner's nucleus with llm_anatomy.generate.sampling (which matches transformers' warper) on
 logits the notebook never showed; the loop check runs the learner's loop on a tiny random model.
@@ -145,6 +145,45 @@ def check_top_p(keep_top_p) -> str:
         expect(got == want, f"{where} top-p keeps {len(want)} tokens (probability {float(probs[list(want)].sum()):.3f}), "
                             f"you kept {len(got)} (probability {mass:.3f}). Did you apply a softmax to the logits first?")
     return "top-p keeps the fewest most likely tokens whose probabilities reach p: few when the model is sure, many when not."
+
+
+# ---------------------------------------------------------------------------------------------- min-p
+
+def _min_p_cases() -> list[tuple[torch.Tensor, float]]:
+    """Logits the notebook never showed: random ones at several sharpnesses, and a token exactly on the threshold."""
+    g = torch.Generator().manual_seed(505)
+    cases = [(torch.randn(400, generator=g) * scale, m) for scale, m in [(0.5, 0.1), (2.0, 0.05), (3.0, 0.2), (1.0, 0.5)]]
+    probs = torch.tensor([0.4, 0.2, 0.1, 0.25, 0.05])
+    cases += [(probs.log(), 0.5), (probs.log() + 3.0, 0.3)]  # a shift of every logit changes no probability
+    cases += [(torch.tensor([1.5, 3.0, -1.0, 3.0, 0.0]), 1.0)]  # two tied best tokens sit exactly on the threshold
+    return cases
+
+
+@exercise
+@hints("min-p compares each token's probability with the most likely token's, not with a fixed number.",
+       "Turn the logits into probabilities first (a softmax), find the largest one, and keep the tokens at or above "
+       "min_p times it.",
+       "probs = softmax(logits); return the ids where probs >= min_p * probs.max()")
+def check_min_p(keep_min_p) -> str:
+    """keep_min_p(logits [vocab], min_p) -> the set of token ids min-p keeps."""
+    expect(callable(keep_min_p), "define keep_min_p(logits, min_p) returning the set of kept token ids.")
+    for logits, m in _min_p_cases():
+        with _no_sampler("min_p_mask", why="compare the probabilities with the top one yourself"):
+            got = returned(call(keep_min_p, logits.clone(), m), "id set", "the kept ids")
+        probs = torch.softmax(logits, dim=-1)
+        want = set(torch.nonzero(probs >= m * probs.max()).flatten().tolist())
+        where = f"for min_p = {m} on {logits.numel()} logits"
+        strict = set(torch.nonzero(probs > m * probs.max()).flatten().tolist())
+        expect(got != strict or got == want, f"{where} you dropped a token exactly on the threshold: keep the tokens "
+                                             "AT or above min_p x the top probability (>=).")
+        absolute = set(torch.nonzero(probs >= m).flatten().tolist())
+        expect(got != absolute or got == want, f"{where} you kept the tokens with probability >= min_p: min-p scales "
+                                               "the threshold by the most likely token's probability.")
+        on_logits = set(torch.nonzero(logits >= m * logits.max()).flatten().tolist())
+        expect(got != on_logits or got == want, f"{where} you compared the logits, not the probabilities: apply a "
+                                                "softmax first (a logit can be negative; a probability cannot).")
+        expect(got == want, f"{where} min-p keeps {len(want)} tokens, you kept {len(got)}.")
+    return "min-p keeps the tokens within a factor of the best one: few when the model is sure, many when it is not."
 
 
 # ---------------------------------------------------------------------------------------------- the decoding loop

@@ -26,6 +26,7 @@ from ..device import synchronize, timed
 from ..errors import CourseError
 from .peaks import Peaks
 from .roofline import Work
+from .timing import time_it
 
 REGIMES = ("compute", "memory", "overhead")
 _LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch",
@@ -121,6 +122,18 @@ def dispatch_cost_s(device: torch.device | str = "cpu", calls: int = 2000) -> fl
     many()  # warm-up
     seconds, _ = timed(many, device)
     return seconds / calls
+
+
+def op_mix_cost_s(step, device: torch.device | str = "cpu", repeats: int = 20) -> tuple[float, int]:
+    """Seconds per op of a real op mix, and the op count: the median time of `step` over the ops it calls.
+
+    Give it a step that moves almost no bytes and does almost no arithmetic (a decode step of a tiny model): its time
+    is then all dispatch, so this is what an op of a real step's mix (linear, mul, softmax, cat, views, ...) costs,
+    more than the smallest op of dispatch_cost_s. `step` must be repeatable.
+    """
+    device = torch.device(device)
+    ops = count_step_ops(step, device).ops
+    return time_it(step, device, warmup=2, repeats=repeats).median_s / ops, ops
 
 
 def regime_times(work: Work, ops: int, peaks: Peaks, per_op_s: float) -> dict[str, float]:

@@ -8,6 +8,10 @@ Grouped-query attention (GQA) lets several query heads share one key/value head:
 heads and 3 KV heads, query heads 0-2 read KV head 0, heads 3-5 read KV head 1, and so on.
 Multi-head attention (MHA) is the case kv_heads == heads; multi-query (MQA) is kv_heads == 1 (C5).
 The causal mask lets query i see keys 0..i only, never later tokens (C9).
+
+`attention` is the plain path a learner reads: it writes the whole score matrix out, softmaxes it and reads it back.
+`sdpa_attention` gives the same numbers (to float rounding) through torch's fused scaled_dot_product_attention, which
+never keeps the scores (notebook 07 measures what that saves; `ScratchLlama(..., attention="sdpa")` selects it).
 """
 
 from __future__ import annotations
@@ -15,8 +19,19 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import CourseError
+
+
+ATTENTION_PATHS = ("naive", "sdpa")  # the plain written-out attention, and torch's fused kernel
+
+
+def check_attention_path(path: str) -> str:
+    """`path` if it is one of ATTENTION_PATHS, else one clear CourseError."""
+    if path not in ATTENTION_PATHS:
+        raise CourseError(f"attention must be one of {', '.join(map(repr, ATTENTION_PATHS))}, not {path!r}.")
+    return path
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -112,3 +127,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     grouped = weights.to(v.dtype).view(b, kv_heads, (heads // kv_heads) * q_len, -1)  # rows of one KV group
     out = (grouped @ v).view(b, heads, q_len, v.shape[-1])  # [b, heads, q_len, head_dim]
     return (out, weights) if return_weights else out
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                   key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The same attention as `attention` (same shapes, same masks), through torch's scaled_dot_product_attention.
+
+    Its kernels never write the `[q_len, k_len]` scores out. GQA is passed as `enable_gqa` (no copy of K and V); the
+    causal mask as `is_causal` when queries and keys are the same positions and nothing is padded, else as a boolean
+    mask. A padding query that may see no key gets zeros, as in `attention`. Returns `[batch, heads, q_len, head_dim]`.
+    """
+    _check_shapes(q, k, v)
+    b, heads, q_len, _ = q.shape
+    k_len = k.shape[-2]
+    gqa = heads != k.shape[1]
+    if key_mask is None and (not causal or q_len == 1):  # a single query is the newest position: it sees every key
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if key_mask is None and q_len == k_len:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    allowed = causal_mask(q_len, k_len, device=q.device)[None, None] if causal else None  # [1, 1, q_len, k_len]
+    if key_mask is not None:
+        if key_mask.shape != (b, k_len):
+            raise CourseError(f"key_mask must be [batch, k_len] = {(b, k_len)}, not {tuple(key_mask.shape)}.")
+        keys_ok = key_mask[:, None, None, :].bool()  # [b, 1, 1, k_len]
+        allowed = keys_ok if allowed is None else (allowed & keys_ok)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)  # [b, heads, q_len, head_dim]
+    sees_a_key = allowed.any(-1, keepdim=True)  # [b or 1, 1, q_len, 1]
+    return torch.where(sees_a_key, out, torch.zeros((), dtype=out.dtype, device=out.device))  # NaN rows -> zeros

@@ -5,7 +5,8 @@ its numbers come from a ScratchConfig (config.py). `ScratchLlama.from_hf(hf_mode
 transformers model (shared, not copied) and checks every shape. Calling the model on token ids gives logits
 `[batch, seq, vocab]`; `trace(...)` also gives each layer's residual stream and, for the layers you ask for, the
 attention weights. A KVCache from `new_cache()` makes decoding feed only the newest token (notebook 06); any cache
-with its interface (kv_cache.KVCacheInterface) works the same way. Like transformers' model, ours is differentiable;
+with its interface (kv_cache.KVCacheInterface) works the same way. `attention="sdpa"` (or `model.attention = "sdpa"`)
+swaps the written-out attention for torch's fused kernel, the same numbers to rounding (notebook 07). Like transformers' model, ours is differentiable;
 the inference paths (generate/decode.py) run it under torch.inference_mode.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .attention import attention, kv_head_of
+from .attention import attention, check_attention_path, kv_head_of, sdpa_attention
 from .config import ScratchConfig, check_context
 from ..errors import CourseError
 from .kv_cache import KVCache, KVCacheInterface
@@ -61,6 +62,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.path = "naive"  # or "sdpa"; the model's `attention` setting sets it in every layer
 
     def forward(self, x, cos, sin, cache: KVCacheInterface | None = None, key_mask=None, return_weights=False):
         b, s, _ = x.shape
@@ -78,8 +80,11 @@ class Attention(nn.Module):
         # attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
         # rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
         # would triple it here.
-        out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
-        out, weights = out if return_weights else (out, None)
+        if self.path == "sdpa" and not return_weights:  # the fused kernel keeps no weights to return
+            out, weights = sdpa_attention(q, k, v, causal=True, key_mask=key_mask), None
+        else:
+            out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
+            out, weights = out if return_weights else (out, None)
         out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
         return self.o_proj(out), weights
 
@@ -111,7 +116,7 @@ class ScratchOutput:
 class ScratchLlama(nn.Module):
     """The whole model: embedding, blocks, final norm, LM head (tied to the embedding when the config says so)."""
 
-    def __init__(self, cfg: ScratchConfig):
+    def __init__(self, cfg: ScratchConfig, attention: str = "naive"):
         super().__init__()
         cfg.check_runnable()
         self.cfg = cfg
@@ -122,17 +127,31 @@ class ScratchLlama(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._inv_freq = None  # RoPE frequencies on the model's device, made on first use
+        self.attention = attention
+
+    @property
+    def attention(self) -> str:
+        """Which attention every layer runs: "naive" (written out, the default) or "sdpa" (torch's fused kernel)."""
+        return self.layers[0].self_attn.path
+
+    @attention.setter
+    def attention(self, path: str) -> None:
+        check_attention_path(path)
+        for block in self.layers:
+            block.self_attn.path = path
 
     @classmethod
-    def from_hf(cls, hf_model) -> "ScratchLlama":
+    def from_hf(cls, hf_model, attention: str = "naive") -> "ScratchLlama":
         """Build from a loaded transformers Llama-family model, sharing its weight tensors (no copy).
 
         Accepts the transformers model itself or the course's LoadedModel. Every shape is checked.
+        attention: "naive" (the written-out attention) or "sdpa" (torch's fused kernel).
         """
+        check_attention_path(attention)
         hf_model = transformers_model(hf_model)
         cfg = ScratchConfig.from_hf(hf_model.config)
         with torch.device("meta"):  # no memory and no random init: the real weights come next
-            ours = cls(cfg)
+            ours = cls(cfg, attention)
         theirs = hf_model.state_dict(keep_vars=True)  # the Parameters themselves: one tensor, one gradient
         weights = {}
         for name, param in ours.named_parameters():

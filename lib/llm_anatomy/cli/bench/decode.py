@@ -135,24 +135,34 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                           "first_divergence": _first_divergence(cached.tokens, uncached.tokens)}
     log(f"  with the cache {n / t_with:.1f} tokens/s, without {n / t_without:.1f} tokens/s")
 
-    # 3. prefill at several prompt lengths
-    log("prefill at several prompt lengths ...")
+    # 3. prefill at several prompt lengths, through the plain attention and through SDPA (timed in turns)
+    log("prefill at several prompt lengths, plain attention and SDPA ...")
     result["prefill"] = []
+    fused = ScratchLlama.from_hf(hf, attention="sdpa")  # the same weights, torch's fused attention kernel
     for length in sizes["prefill"]:
         length = min(length, cfg.max_position_embeddings)
         ids = torch.randint(3, cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(dev)
         cache = model.new_cache(1, length)
 
-        def run_prefill(ids=ids, cache=cache):
+        def run_prefill(ids=ids, cache=cache, path=model):
             cache.reset()
-            prefill(model, ids, cache)  # logits for the last position only, as in generation
+            prefill(path, ids, cache)  # logits for the last position only, as in generation
 
-        t = time_it(run_prefill, dev, warmup=1, repeats=reps)
-        # our attention writes its scores out (naive attention), so they count as bytes moved
+        both = {"naive": run_prefill, "sdpa": lambda ids=ids, cache=cache: run_prefill(ids, cache, fused)}
+        times = time_interleaved(both, dev, warmup=1, repeats=reps)
+        t, t_sdpa = times["naive"], times["sdpa"]
+        # the plain attention computes and writes out the whole score matrix, so it counts as FLOPs and bytes moved;
+        # SDPA's causal kernel keeps no scores
         work = forward_work(cfg, length, 0, 1, elem, materialized_scores=True)
+        fused_work = forward_work(cfg, length, 0, 1, elem)
         result["prefill"].append({"prompt_tokens": length, "seconds": t.median_s, "tokens_per_s": length / t.median_s,
-                                  "flops_per_s": work.flops / t.median_s, "intensity": work.intensity})
-        log(f"  prefill {length} tokens: {length / t.median_s:.0f} tokens/s")
+                                  "flops_per_s": work.flops / t.median_s, "intensity": work.intensity,
+                                  "naive_flops_per_s": work.flops / t.median_s,
+                                  "sdpa_seconds": t_sdpa.median_s, "sdpa_tokens_per_s": length / t_sdpa.median_s,
+                                  "sdpa_flops_per_s": fused_work.flops / t_sdpa.median_s,
+                                  "sdpa_intensity": fused_work.intensity})
+        log(f"  prefill {length} tokens: {length / t.median_s:.0f} tokens/s plain, {length / t_sdpa.median_s:.0f} SDPA")
+    del fused
 
     # 4. decode at several batch sizes (time per output token after a prefill of the prompt)
     log("decode at several batch sizes ...")
@@ -248,10 +258,11 @@ def format_table(r: dict) -> str:
                  f" (first divergence at new token {kv['first_divergence']}: {r['dtype']} is not bit-exact; "
                  "fp32 is)"),
               "",
-              "prefill:   prompt tokens   tokens/s    GFLOP/s   FLOP/byte"]
+              "prefill:   prompt tokens   tokens/s    GFLOP/s   FLOP/byte   (plain attention | SDPA)"]
     for row in r["prefill"]:
         lines.append(f"           {row['prompt_tokens']:13d} {row['tokens_per_s']:10.0f} {row['flops_per_s'] / 1e9:10.1f}"
-                     f" {row['intensity']:11.1f}")
+                     f" {row['intensity']:11.1f}   | {row['sdpa_tokens_per_s']:8.0f} {row['sdpa_flops_per_s'] / 1e9:8.1f}"
+                     f" {row['sdpa_intensity']:8.1f}")
     lines.append("decode:    batch    ms/token   tokens/s    GFLOP/s   FLOP/byte")
     for row in r["decode_batch"]:
         lines.append(f"           {row['batch']:5d} {row['tpot_s'] * 1e3:11.2f} {row['tokens_per_s']:10.1f}"
