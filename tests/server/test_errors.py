@@ -110,3 +110,14 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_others_are_served(ser
     assert idle, metrics(server)
     r = client.completions.create(model=model_id, prompt="Hello", max_tokens=2)  # served again
     assert r.usage.completion_tokens >= 1
+
+
+def test_the_queue_limit_can_be_changed_and_a_bad_one_is_refused(server):
+    for bad in ('{"max_waiting": -1}', '{"max_waiting": "2"}', '{"max_waiting": true}', '{}'):
+        reply = httpx.put(server.root + "/debug/max-waiting", content=bad, timeout=10,
+                          headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_waiting"
+    for limit in (None, 1):
+        reply = httpx.put(server.root + "/debug/max-waiting", json={"max_waiting": limit}, timeout=10,
+                          headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 200 and reply.json() == {"max_waiting": limit}

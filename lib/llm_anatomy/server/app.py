@@ -6,6 +6,7 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
+    PUT  /debug/max-waiting     {"max_waiting": 4} or null: change the queue's limit (notebook 11 compares the two)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
@@ -68,7 +69,8 @@ class Server:
                   Route("/v1/models", self._guard(self.models), methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self._guard(self.prometheus), methods=["GET"]),
-                  Route("/debug/requests", self._guard(self.records), methods=["GET"])]
+                  Route("/debug/requests", self._guard(self.records), methods=["GET"]),
+                  Route("/debug/max-waiting", self._guard(self.queue_limit), methods=["PUT"])]
 
         async def http_error(request, exc: HTTPException):
             return _error(APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
@@ -113,6 +115,15 @@ class Server:
 
     async def records(self, request):
         return JSONResponse({"clock": self.engine.clock(), "requests": list(self.engine.records)})
+
+    async def queue_limit(self, request):
+        body = schemas.parse_json(await read_body(request, self.max_body_bytes))
+        limit = body.get("max_waiting", "missing")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise APIError(400, f"max_waiting must be null (no limit) or a whole number >= 0, not {limit!r}.",
+                           param="max_waiting")
+        self.engine.max_waiting = limit
+        return JSONResponse({"max_waiting": limit})
 
     # ---- the completions ----------------------------------------------------------------------------------------
     async def chat(self, request):
