@@ -85,7 +85,8 @@ def _ours(args, log) -> dict:
         server_limit = max(1, args.max_batch // 2)
         _put_limit(server, server_limit)
         log(f"ours: 2x overload ({2 * capacity:.2f} req/s) with a queue limit of {server_limit}")
-        over = summarize(*run_load(server.url, model, _prompts(), requests=args.requests, rate=2 * capacity,
+        over_n = max(args.requests, 2 * args.max_batch + 2 * server_limit)  # enough to fill the slots and the queue
+        over = summarize(*run_load(server.url, model, _prompts(), requests=over_n, rate=2 * capacity,
                                    max_tokens=args.max_tokens, timeout_s=args.timeout))
         out["unloaded_p99_ttft_ms"], out["overload"] = unloaded["p99_ttft_ms"], over
         out["overload_p99_over_unloaded_p99"] = over["p99_ttft_ms"] / unloaded["p99_ttft_ms"]
