@@ -1,4 +1,4 @@
-"""`python -m llm_anatomy {fetch,doctor,check,bench,parallel}`: argument parsing and dispatch."""
+"""`python -m llm_anatomy {fetch,doctor,check,bench,parallel,serve}`: argument parsing and dispatch."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from ..errors import CourseError
-from . import check, doctor
-from .bench import decode, fast, load, parallel, serving, stepper, tokenizer
+from . import check, doctor, serve
+from .bench import api, decode, fast, load, parallel, serving, stepper, tokenizer
 
 # bench topics: each module's main(argv) prints its figures (one JSON object with --json)
 BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "tokenizer": tokenizer.main,
-           "serving": serving.main, "fast": fast.main, "parallel": parallel.main}
+           "serving": serving.main, "fast": fast.main, "parallel": parallel.main, "api": api.main}
 
 
 def fetch(argv: list[str]) -> int:
@@ -28,7 +28,9 @@ COMMANDS = {"fetch": (fetch, "download and convert the default model into the ca
             "check": (check.main, "how exactly the from-scratch model matches transformers (full, cached, padded)"),
             "bench": (None, "print measured figures; topics: " + ", ".join(BENCHES) + " (add --json)"),
             "parallel": (parallel.main, "tensor (--tp 3) and pipeline (--pp 2) parallelism on this machine: checks, "
-                                        "the all-reduce's cost, a TP step predicted and measured")}
+                                        "the all-reduce's cost, a TP step predicted and measured"),
+            "serve": (serve.main, "an OpenAI-compatible server on the course's scheduler, on 127.0.0.1:8000 (notebook "
+                                  "11)")}
 
 
 def main(argv: list[str] | None = None) -> int:

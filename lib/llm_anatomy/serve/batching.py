@@ -27,6 +27,7 @@ import torch
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
+from ..generate.sampling import SamplingSettings
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
 
 
@@ -51,6 +52,12 @@ class Request:
     preempted: int = 0  # times its blocks were taken back (it is then recomputed, keeping its output)
     cached: int = 0  # prompt positions its last admission found in the prefix cache (no prefill for them)
     spans: list = field(default_factory=list, repr=False)  # (slot, start, end): each stay in a row of the batch
+    # what a server asks for (notebook 11); the defaults are notebook 08's greedy requests
+    sampling: SamplingSettings | None = None  # how ContinuousScheduler.choose picks its tokens (None: greedy)
+    seed: int = 0  # the seed of this request's own generator, when it samples
+    top_logprobs: int | None = None  # record each output token's logprob and this many alternatives (None: nothing)
+    logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
+    cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
 
     def __post_init__(self):
         if isinstance(self.prompt, torch.Tensor):
@@ -65,10 +72,16 @@ class Request:
             raise CourseError(f"max_new_tokens must be a whole number, at least 1, not {n!r}.")
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
             raise CourseError(f"arrival_s must be a time in seconds, 0 or more, not {self.arrival_s!r}.")
+        if self.sampling is not None and not isinstance(self.sampling, SamplingSettings):
+            raise CourseError(f"sampling must be a SamplingSettings (or None for greedy), not {self.sampling!r}.")
+        top = self.top_logprobs
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise CourseError(f"top_logprobs must be None or a whole number >= 0, not {top!r}.")
 
     def fresh(self) -> "Request":
         """A copy with nothing recorded yet, to serve the same request again."""
-        return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id)
+        return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id,
+                       sampling=self.sampling, seed=self.seed, top_logprobs=self.top_logprobs)
 
     @property
     def tokens(self) -> list[int]:

@@ -18,6 +18,10 @@ takes rectangles, so an iteration makes one decode call and one call for all pro
 longest), each through the pool's one reader (paged_kv.RaggedPagedView) and the course's one decoding loop
 (`prefill`, `decode_step`). Every token of an iteration comes out when the iteration ends. The clock is
 batching.Engine's.
+
+What a server adds (notebook 11), without changing a greedy run: `choose` picks each request's token, greedy or
+drawn from its own SamplingSettings with its own seeded generator (and records its logprobs when asked), and
+`cancel` takes a request out, waiting or running, its blocks handed back at once, so the next step can use them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
+from ..generate.sampling import sample_with, seeded_generator, token_logprobs
 from .batching import Engine, Request
 from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
 from .prefix_cache import PrefixCache
@@ -89,7 +94,8 @@ class ContinuousScheduler(Engine):
         self.finished: list[Request] = []
         self.steps, self._next_id = 0, 0
         self.history: list[tuple[int, dict, list]] = []  # per iteration: (step, {id: block table}, cached blocks)
-        self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire", request id, slot)
+        self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire"/"cancel", id, slot)
+        self._generators: dict[int, torch.Generator] = {}  # request id -> its own generator, while it samples
 
     def admission_of(self, request: Request) -> Admission | None:
         """The running request's admission (slot, block table, positions computed), or None when it is not running."""
@@ -147,6 +153,44 @@ class ContinuousScheduler(Engine):
         self.history.append((self.steps, {a.request.id: list(a.blocks) for a in self.running}, cached))
         return True
 
+    def choose(self, request: Request, logits: torch.Tensor) -> int:
+        """The next token of `request` from its logits `[vocab]`: the highest (greedy, request.sampling None or
+        temperature 0), else drawn from request.sampling with the request's own generator, seeded with request.seed,
+        so that its draws do not depend on the other requests of the batch. Records the token's logprob (and
+        request.top_logprobs alternatives) in request.logprobs when the request asks for them."""
+        settings = request.sampling
+        if settings is None or settings.greedy:
+            token = int(logits.argmax())
+        else:
+            if request.id not in self._generators:
+                self._generators[request.id] = seeded_generator(request.seed, logits.device)
+            token = int(sample_with(logits, settings, self._generators[request.id])[0])
+        if request.top_logprobs is not None:
+            request.logprobs.append(token_logprobs(logits, token, request.top_logprobs))
+        return token
+
+    def cancel(self, request_id: int) -> Request | None:
+        """Stop serving a request (its client went away, or a stop string was met): taken out of the queue, or its
+        admission ended and its blocks handed back now, so the next step can give them to others. Call it between
+        steps. Returns the request (`cancelled` set, its output kept), or None when it is neither waiting nor running
+        (finished already, or never submitted)."""
+        self._generators.pop(request_id, None)
+        for r in self.waiting:
+            if r.id == request_id:
+                self.waiting.remove(r)
+                r.cancelled = True
+                return r
+        a = next((a for a in self.running if a.request.id == request_id), None)
+        if a is None:
+            return None
+        for block in a.blocks:  # blocks the prefix cache also holds stay cached; the others are free again
+            self.pool.allocator.decref(block)
+        self.running.remove(a)
+        self.leave(a.request, a.slot, a.start_s, retired=True)
+        self.events.append((self.now, "cancel", request_id, a.slot))
+        a.request.cancelled = True
+        return a.request
+
     def _admit(self) -> None:
         size, pc = self.pool.block_size, self.prefix_cache
         heads = [r for r in self.waiting if r.arrival_s <= self.now][:self.max_batch - len(self.running)]
@@ -194,7 +238,7 @@ class ContinuousScheduler(Engine):
             if a.pending == 0:
                 if self.prefix_cache is not None and not a.request.output:  # the prompt is in: share its full blocks
                     self.prefix_cache.insert(a.request.prompt, a.blocks)
-                produced.append((a, int(out.logits[i, -1].argmax())))
+                produced.append((a, self.choose(a.request, out.logits[i, -1])))
         return produced
 
     def _release(self, a: Admission, finished: bool) -> None:
@@ -209,6 +253,7 @@ class ContinuousScheduler(Engine):
         self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))
         if finished:
             self.finished.append(r)
+            self._generators.pop(r.id, None)
         else:
             r.cached, r.preempted = 0, r.preempted + 1
             self.waiting.appendleft(r)

@@ -1,0 +1,258 @@
+"""The engine loop: one thread that owns the course's continuous-batching scheduler and serves every request together.
+
+The web server (app.py) runs on an asyncio event loop; the model runs here, on a thread of its own, so that a step of
+the model never blocks the event loop from reading new requests or writing tokens out (PyTorch lets other threads run
+while it computes). The two talk through queues:
+
+    HTTP handler --submit/cancel--> inbox --> engine thread: apply them, then scheduler.step() (one iteration)
+    HTTP handler <--tokens, finish-- each request's asyncio.Queue <-- the engine thread, after every step
+
+Before its loop admits anything, a handler asks `admission`: with `max_waiting` requests already queued the answer is
+429 at once, with a Retry-After from how fast the queue has been draining, instead of a place at the end of a queue that
+only grows (claim C25). Every token is turned into text as it comes (generate/stops.py: StreamingDetokenizer shows no
+half character, StopMatcher holds back what could still become a stop string), and a request that meets a stop string
+or the end of its turn, or whose client went away, is cancelled in the scheduler, its blocks free for the next step.
+
+The scheduler's clock is set to the wall clock before every step (seconds since the engine started), so that a
+request's times (arrival, admission, each token) are real times, and its TTFT is measure/timing's: from its arrival at
+the engine to its first token, queueing and prefill included. What the client sees beyond that (HTTP, JSON, the chat
+template, the thread hand-off, the network) is the server's own work.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import CourseError
+from ..generate.chat import end_of_turn_ids
+from ..generate.sampling import SamplingSettings
+from ..generate.stops import StopMatcher, StreamingDetokenizer
+from ..serve.batching import Request
+from ..serve.paged_kv import PagedKVPool
+from ..serve.scheduler import ContinuousScheduler
+from .schemas import APIError
+
+
+def admission(waiting: int, limit: int | None, seconds_per_admission: float) -> tuple[bool, int]:
+    """Queue a new request, or refuse it: (True, 0) to queue it, (False, retry_after_s) for a 429.
+
+    waiting: requests already queued and not yet admitted; limit: how many may wait (None: no limit, 0: none);
+    seconds_per_admission: how long the queue has taken to let one request in. A refused client should come back
+    when the queue has room for one more: once waiting - limit + 1 requests have been admitted, in whole seconds
+    rounded up, at least 1 (HTTP's Retry-After counts whole seconds; 0 would invite it back at once).
+    """
+    if limit is None or waiting < limit:
+        return True, 0
+    return False, max(1, math.ceil((waiting - limit + 1) * seconds_per_admission))
+
+
+@dataclass(eq=False)
+class Live:
+    """A request in flight as the server sees it: the scheduler's Request, the text so far, where its events go."""
+
+    request: Request
+    put: object  # put(event): hands an event to the request's handler (thread-safe)
+    detok: StreamingDetokenizer
+    stops: StopMatcher
+    name: str = ""  # the id its client sees ("chatcmpl-...")
+    sent: int = 0  # output tokens turned into events so far
+    finish: str | None = None  # "stop", "length", "cancelled", "error"
+    admitted: bool = False  # counted out of the waiting requests
+    pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
+
+
+class EngineLoop:
+    """The scheduler on its own thread: submit() and cancel() from any thread, events back through `put`.
+
+    model: a ScratchLlama; tokenizer: its transformers tokenizer (the chat template, decode). The pool holds
+    kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
+    max_waiting: requests that may wait for a slot (None: no limit); metrics: a server.metrics.Metrics, or None.
+    """
+
+    def __init__(self, model, tokenizer, *, max_batch: int = 8, kv_blocks: int = 512, block_size: int = 16,
+                 max_batched_tokens: int | None = 256, prefix_cache: bool = True, max_waiting: int | None = None,
+                 metrics=None, keep_records: int = 2000):
+        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
+                                        or max_waiting < 0):
+            raise CourseError(f"max_waiting must be None (no limit) or a whole number >= 0, not {max_waiting!r}.")
+        pool = PagedKVPool.for_model(model, kv_blocks, block_size)
+        self.scheduler = ContinuousScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache)
+        self.model, self.tokenizer, self.metrics, self.max_waiting = model, tokenizer, metrics, max_waiting
+        self.context = model.cfg.max_position_embeddings
+        self.capacity = kv_blocks * block_size  # positions the whole pool holds
+        self.end_ids = set(end_of_turn_ids(tokenizer))
+        self.records: deque[dict] = deque(maxlen=keep_records)  # finished requests, as the engine timed them
+        self.admissions: deque[float] = deque(maxlen=32)  # when the last requests were admitted (engine clock)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._unadmitted = 0  # submitted, not yet admitted (in the inbox or the scheduler's queue)
+        self._live: dict[int, Live] = {}  # request id -> Live (engine thread only)
+        self._stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def start(self) -> "EngineLoop":
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        self.thread.join(timeout_s)
+
+    def clock(self) -> float:
+        """Seconds since the engine started: the clock every time of the engine is on. A point in time (when a request
+        arrived), shared by two threads; the model calls themselves are timed by the scheduler (device.timed), whose
+        clock `now` is set to this one before each step and advances by what its calls took."""
+        return time.monotonic() - self.t0
+
+    # ---- the handlers' side (the event loop's thread) ------------------------------------------------------------
+    def seconds_per_admission(self) -> float:
+        """How long the queue has recently taken to let one request in (1 s until it has admitted a few)."""
+        times = list(self.admissions)
+        return (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 4 and times[-1] > times[0] else 1.0
+
+    def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
+               stops: list[str], top_logprobs: int | None, put, name: str = "") -> Live:
+        """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put()."""
+        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
+                          top_logprobs=top_logprobs)
+        self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
+        with self._lock:  # those that the free batch slots will take at the next step do not wait
+            free_slots = self.scheduler.max_batch - len(self.scheduler.running)
+            queued = max(0, self._unadmitted - free_slots)
+            ok, retry_after = admission(queued, self.max_waiting, self.seconds_per_admission())
+            if not ok:
+                if self.metrics is not None:
+                    self.metrics.rejected.inc()
+                raise APIError(429, f"The server is busy: {queued} requests are waiting already, the most "
+                                    f"it queues. Retry after {retry_after} s.", "requests", code="rate_limit_exceeded",
+                               headers={"Retry-After": str(retry_after)})
+            self._unadmitted += 1
+        request.arrival_s = self.clock()
+        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name)
+        self._inbox.put(("submit", live))
+        return live
+
+    def cancel(self, live: Live) -> None:
+        """Cancel a request (its client went away): done by the engine thread before its next step."""
+        self._inbox.put(("cancel", live))
+
+    @property
+    def waiting(self) -> int:
+        return self._unadmitted
+
+    # ---- the engine thread ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        sched = self.scheduler
+        while not self._stop.is_set():
+            # idle: sleep until a command comes; busy: take what has come and step
+            commands = [] if sched.running or sched.waiting else [self._inbox.get()]
+            while True:
+                try:
+                    commands.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for kind, live in commands:
+                if kind == "submit":
+                    sched.submit(live.request)
+                    self._live[live.request.id] = live
+                elif kind == "cancel" and live.finish is None:
+                    self._end(live, "cancelled")
+            if sched.running or sched.waiting:
+                sched.now = max(sched.now, self.clock())
+                try:
+                    sched.step()
+                except Exception as err:  # keep serving the others: this step's requests get the error
+                    for live in list(self._live.values()):
+                        live.put(("error", f"the engine failed: {type(err).__name__}: {err}"))
+                        self._end(live, "error")
+                self._hand_out()
+            self._tidy()
+
+    def _hand_out(self) -> None:
+        """Turn the tokens each request made in this step into text events; end those that are done."""
+        for live in list(self._live.values()):
+            r = live.request
+            if r.admitted_s is not None and not live.admitted:
+                self.admissions.append(r.admitted_s)
+                self._admitted(live)
+            for i in range(live.sent, len(r.output)):
+                live.sent = i + 1
+                token = r.output[i]
+                if i == 0 and self.metrics is not None:
+                    self.metrics.first_token(r)
+                if token in self.end_ids:  # the end of the turn: not shown
+                    live.sent = i  # nor counted as an answer's token
+                    self._emit(live, self._rest(live), last=True)
+                    self._end(live, "stop")
+                    break
+                entry = self._logprob_entry(r, i, token)
+                if entry is not None:
+                    live.pending.append(entry)
+                text = live.stops.feed(live.detok.push(token))
+                self._emit(live, text, last=live.stops.stopped)
+                if live.stops.stopped:
+                    self._end(live, "stop")
+                    break
+            if live.finish is None and r.done:
+                self._emit(live, self._rest(live), last=True)
+                self._end(live, "length")
+
+    def _admitted(self, live: Live) -> None:
+        live.admitted = True
+        with self._lock:
+            self._unadmitted -= 1
+
+    @staticmethod
+    def _rest(live: Live) -> str:
+        """What the detokenizer and the stop matcher still hold, at the end of an answer that met no stop string."""
+        text = live.stops.feed(live.detok.flush())
+        return text + live.stops.flush() if not live.stops.stopped else text
+
+    def _logprob_entry(self, r: Request, i: int, token: int):
+        if r.top_logprobs is None or i >= len(r.logprobs):
+            return None
+        logprob, top = r.logprobs[i]
+        decode = self.tokenizer.decode
+        return {"token": decode([token]), "logprob": logprob, "top": [(decode([t]), lp) for t, lp in top]}
+
+    def _emit(self, live: Live, text: str, last: bool = False) -> None:
+        if text or (last and live.pending):
+            live.put(("text", text, live.pending))
+            live.pending = []
+
+    def _end(self, live: Live, reason: str) -> None:
+        """The request is done for the server: out of the scheduler (its blocks free now), its last event sent."""
+        r = live.request
+        if reason != "length":
+            self.scheduler.cancel(r.id)
+        if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
+            self._admitted(live)
+        live.finish = reason
+        self._live.pop(r.id, None)
+        record = {"id": r.id, "name": live.name, "arrival_s": r.arrival_s, "admitted_s": r.admitted_s,
+                  "finish_reason": reason,
+                  "first_token_s": r.token_times[0] if r.token_times else None,
+                  "ttft_s": r.ttft_s if r.token_times else None, "last_token_s": r.token_times[-1] if r.token_times
+                  else None, "prompt_tokens": len(r.prompt), "completion_tokens": live.sent,
+                  "cached_tokens": r.cached, "preempted": r.preempted}
+        self.records.append(record)
+        if self.metrics is not None:
+            self.metrics.finished(r, reason)
+        if reason != "error":
+            live.put(("finish", reason, record))
+
+    def _tidy(self) -> None:
+        """Update the gauges; keep the scheduler's logs short (a server runs for days)."""
+        sched = self.scheduler
+        for log in (sched.history, sched.events, sched.calls, sched.finished):
+            if len(log) > 4000:
+                del log[:-2000]
+        if self.metrics is not None:
+            self.metrics.update(self)

@@ -1,0 +1,24 @@
+"""`python -m llm_anatomy serve`: in the dispatch, its options, 127.0.0.1 by default (tests/server/ runs it for real)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_serve_is_a_command_and_binds_this_machine_only_by_default(monkeypatch):
+    from llm_anatomy.cli import main, serve
+
+    assert main.COMMANDS["serve"][0] is serve.main
+    seen = {}
+    monkeypatch.setattr("llm_anatomy.server.launch.run", lambda host, port, **kw: seen.update(host=host, port=port, **kw))
+    monkeypatch.setenv("LLM_ANATOMY_API_KEY", "from-env")
+    assert serve.main(["--max-waiting", "3", "--max-batched-tokens", "none"]) == 0
+    assert (seen["host"], seen["port"], seen["api_key"], seen["max_waiting"]) == ("127.0.0.1", 8000, "from-env", 3)
+    assert seen["max_batched_tokens"] is None and seen["prefix_cache"] is True
+
+
+def test_serve_help_names_the_options():
+    out = subprocess.run([sys.executable, "-m", "llm_anatomy", "serve", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "--api-key" in out.stdout and "--max-waiting" in out.stdout

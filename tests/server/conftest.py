@@ -1,0 +1,37 @@
+"""One real server for the tests of this folder: `python -m llm_anatomy serve` in a subprocess on a free port of
+127.0.0.1, driven by the real `openai` client, stopped at the end and checked gone (no process left behind)."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+KEY = "test-key"
+
+
+@pytest.fixture(scope="session")
+def server():
+    """Our server with a key, two batch slots, a queue of one, a 64 KB body limit and 64 KV blocks of 16."""
+    from llm_anatomy.server.launch import ServerProcess
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = ServerProcess.ours("--api-key", KEY, "--max-batch", "2", "--max-waiting", "1", "--max-body-bytes",
+                              "65536", "--kv-blocks", "64", "--threads", "1", ready_timeout_s=120)
+    with proc:
+        yield proc
+    assert not proc.running
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def model_id(client):
+    return client.models.list().data[0].id
+

@@ -1,0 +1,134 @@
+"""The routes, through the real `openai` client against a real server (conftest.py): answers whole and streamed,
+the request fields, usage, logprobs, stop strings across token boundaries, seeds."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import KEY
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_health_needs_no_key_and_models_lists_the_one_model(server, client, model_id):
+    assert httpx.get(server.root + "/health", timeout=10).json() == {"status": "ok"}
+    models = client.models.list().data
+    assert [m.id for m in models] == [model_id] and model_id.startswith("SmolLM2")
+
+
+def test_a_whole_chat_answer_and_the_same_answer_streamed(client, model_id):
+    whole = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=24, temperature=0)
+    text = whole.choices[0].message.content
+    assert "Paris" in text and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens > 10 and whole.usage.total_tokens == whole.usage.prompt_tokens + \
+        whole.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert len(chunks) < 60
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == text  # greedy: the same tokens, whole or streamed
+    assert sum(1 for p in pieces if p) > 3  # it came in pieces, not at once
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
+
+
+def test_two_requests_batched_together_give_what_each_gives_alone(client, model_id):
+    import concurrent.futures as cf
+
+    asks = [[{"role": "user", "content": q}] for q in ("Name a fruit.", "What is 2 + 2?")]
+    alone = [client.chat.completions.create(model=model_id, messages=m, max_tokens=12, temperature=0)
+             .choices[0].message.content for m in asks]
+    with cf.ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda m: client.chat.completions.create(
+            model=model_id, messages=m, max_tokens=12, temperature=0).choices[0].message.content, asks, timeout=120))
+    assert together == alone
+
+
+def test_completions_with_a_text_or_token_prompt_and_legacy_logprobs(client, model_id):
+    r = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                  logprobs=2)
+    choice = r.choices[0]
+    assert r.object == "text_completion" and choice.text.startswith(" Paris")
+    lp = choice.logprobs
+    assert len(lp.tokens) == r.usage.completion_tokens == 6 and "".join(lp.tokens) == choice.text
+    assert all(len(top) == 2 and max(top.values()) == pytest.approx(chosen, abs=1e-5)  # greedy: the top one
+               for top, chosen in zip(lp.top_logprobs, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    ids = client.completions.create(model=model_id, prompt=[504, 3575, 282, 4649, 314], max_tokens=6, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model_id, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True) if c.choices)
+    assert streamed == choice.text and ids.usage.prompt_tokens == 5
+
+
+def test_chat_logprobs_name_each_token_and_its_alternatives(client, model_id):
+    r = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens
+    assert "".join(e.token for e in entries) == r.choices[0].message.content
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5)  # greedy: the chosen is the top
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+
+
+def test_a_stop_string_across_token_boundaries_ends_the_answer_before_it(client, model_id):
+    full = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=24, temperature=0)
+    text = full.choices[0].message.content
+    at = text.index("is Pa")  # " is" and " Paris" are two tokens: the stop string spans them
+    for stream in (False, True):
+        r = client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=24, temperature=0,
+                                           stop=["nowhere", "is Pa"], stream=stream)
+        if stream:
+            chunks = list(r)
+            got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            got, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        assert got == text[:at] and finish == "stop"
+
+
+def test_a_seed_repeats_a_sampled_answer_and_max_tokens_bounds_it(client, model_id):
+    def ask(seed):
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "List random words."}],
+                                           max_tokens=8, temperature=1.3, top_p=0.95,
+                                           extra_body={"top_k": 50, "min_p": 0.01},
+                                           seed=seed)
+        return r.choices[0].message.content, r.usage.completion_tokens, r.choices[0].finish_reason
+
+    first = ask(7)
+    assert ask(7) == first
+    assert first[1] <= 8 and (first[1] == 8) == (first[2] == "length")
+    assert len({ask(s)[0] for s in (1, 2)} | {first[0]}) > 1  # other seeds: other draws
+
+
+def test_the_api_key_guards_every_route_but_health(server, model_id):
+    import openai
+
+    wrong = openai.OpenAI(base_url=server.url, api_key="not-" + KEY, max_retries=0, timeout=30)
+    with pytest.raises(openai.AuthenticationError) as err:
+        wrong.models.list()
+    assert err.value.status_code == 401 and err.value.body["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        wrong.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=2)
+    for path in ("/metrics", "/v1/models"):
+        assert httpx.get(server.root + path, timeout=10).status_code == 401
+    assert httpx.get(server.root + "/health", timeout=10).status_code == 200
+
+
+def test_a_greedy_answer_is_the_courses_own_greedy_decoding(client, model_id, real):
+    import torch
+
+    from llm_anatomy.generate.decode import greedy_tokens
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    prompt = "Q: Name three colours.\nA:"
+    ids = real.tokenizer(prompt)["input_ids"]
+    want = greedy_tokens(ScratchLlama.from_hf(real.model), torch.tensor([ids]), 16, real.tokenizer.eos_token_id)
+    got = client.completions.create(model=model_id, prompt=prompt, max_tokens=16, temperature=0)
+    assert got.choices[0].text == real.tokenizer.decode([t for t in want if t != real.tokenizer.eos_token_id])

@@ -1,0 +1,40 @@
+"""`python -m llm_anatomy bench api --url ...`: the client benchmark against a running server (conftest.py's), bounded,
+with vLLM's figures in one JSON object; and its table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import KEY
+from llm_anatomy.errors import CourseError
+from llm_anatomy.server.client import Result, percentile, summarize
+
+
+def test_bench_api_measures_a_running_server(server, model_id, capsys):
+    from llm_anatomy.cli.bench import api
+
+    assert api.main(["--url", server.url, "--api-key", KEY, "--model", model_id, "--requests", "3", "--max-tokens",
+                     "3", "--rate", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    load = out["load"]
+    assert load["completed"] + load["refused_429"] == 3 and load["failed"] == load["refused_429"]
+    assert load["output_throughput"] > 0 and 0 < load["median_ttft_ms"] <= load["p99_ttft_ms"]
+    assert load["median_e2e_ms"] >= load["median_ttft_ms"]
+    with pytest.raises(CourseError):
+        api.main(["--url", server.url, "--requests", "0"])
+
+
+def test_the_summary_is_vllms_figures_from_the_clients_records():
+    ok = Result(0.0, 200, [0.2, 0.3, 0.5], 3, "abc", 0.5)  # TTFT 0.2, gaps 0.1 and 0.2, TPOT 0.15, E2E 0.5
+    slow = Result(1.0, 200, [3.0, 3.1], 2, "ab", 3.1)  # TTFT 2.0: misses a 1 s objective
+    refused = Result(1.5, 429, done_s=1.52, retry_after_s=2.0)
+    out = summarize([ok, slow, refused], duration_s=4.0, ttft_slo_s=1.0, tpot_slo_s=0.2)
+    assert (out["completed"], out["failed"], out["refused_429"]) == (2, 1, 1)
+    assert out["request_throughput"] == 0.5 and out["output_throughput"] == 5 / 4
+    assert out["median_ttft_ms"] == pytest.approx(1100) and out["mean_itl_ms"] == pytest.approx(400 / 3)
+    assert out["goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
+    assert ok.tpot_s == pytest.approx(0.15) and ok.e2e_s == pytest.approx(0.5)
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 99))
