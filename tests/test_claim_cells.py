@@ -80,3 +80,59 @@ def test_04_gqa_ablation_refuses_a_change_that_never_reaches_the_model(course, m
     with pytest.raises(Exception, match="reached 0 attention calls"):
         run_cell(cell_source(*GQA), **_gqa_names(course))
 
+
+# 03 · C9 over the whole model: with the mask, cached decode is the full pass; without it, they part from block 1 on
+CACHE = ("03_attention.ipynb", "cached_vs_full(scratch32, ids, masked=True)")
+
+
+def _cache_names(course):
+    return dict(model=course["model"], loaded=course["loaded"],
+                ids=_ids(course, "The cat sat on the mat because it was tired."))
+
+
+def test_03_whole_model_mask_claim_holds(course):
+    namespace = run_cell(cell_source(*CACHE), **_cache_names(course))
+    assert namespace["off"].per_layer[0] <= 1e-4 < namespace["off"].per_layer[1]
+
+
+def test_03_whole_model_mask_claim_fails_when_switching_the_mask_off_changes_nothing(course, monkeypatch):
+    monkeypatch.setattr(ablations, "mask_off", lambda model: contextlib.nullcontext([1] * 3 * model.cfg.num_layers))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE), **_cache_names(course))
+
+
+def test_03_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    real_attention = scratch_module.attention
+    monkeypatch.setattr(scratch_module, "attention", lambda q, k, v, **kw: real_attention(q, k, v, **{**kw, "causal": False}))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE), **_cache_names(course))
+
+
+# 03 · C5: the heads of one layer look for different relations (per-head statistics, deterministic in fp32)
+HEADS = ("03_attention.ipynb", "to_previous, to_itself = int(previous.argmax())")
+
+
+def _heads_names(course, weights=None):
+    text_ids = _ids(course, "The cat sat on the mat because it was tired. The cat")
+    w = course["scratch"].attention_weights(text_ids, 11)[0] if weights is None else weights  # [9, seq, seq]
+    return dict(w=w, H=course["scratch"].cfg.num_heads, layer=11)
+
+
+def test_03_head_statistics_claim_holds(course):
+    namespace = run_cell(cell_source(*HEADS), **_heads_names(course))
+    assert namespace["to_previous"] != namespace["to_itself"]
+
+
+def test_03_head_statistics_claim_fails_when_every_head_looks_alike(course):
+    w = _heads_names(course)["w"]
+    alike = w[1:2].expand_as(w).clone()  # every head a copy of head 1
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*HEADS), **_heads_names(course, alike))
+    seq = w.shape[-1]
+    uniform = torch.ones(seq, seq).tril()
+    uniform = (uniform / uniform.sum(-1, keepdim=True)).expand_as(w)  # every query spreads its weight evenly
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*HEADS), **_heads_names(course, uniform))
+
