@@ -136,3 +136,68 @@ def test_03_head_statistics_claim_fails_when_every_head_looks_alike(course):
     with pytest.raises(ClaimFailed, match="C5 NOT shown"):
         run_cell(cell_source(*HEADS), **_heads_names(course, uniform))
 
+
+# 02 · C3 on the model: shifted positions leave a layer's attention weights, swapped tokens change them
+SHIFT = ("02_embeddings_and_positions.ipynb", "positions_shifted(scratch32, shift)")
+
+
+def _shift_names(course):
+    return dict(model=course["model"], loaded=course["loaded"], tok=course["tok"])
+
+
+def test_02_shifted_positions_claim_holds(course):
+    namespace = run_cell(cell_source(*SHIFT), **_shift_names(course))
+    assert namespace["shift_change"] <= 1e-4 < 1e-2 < namespace["swap_change"]
+
+
+def test_02_shifted_positions_claim_fails_for_a_model_that_reads_absolute_positions(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    real_rope = scratch_module.apply_rope
+    # an absolute position signal added to queries and keys, as a learned position table would add one
+    monkeypatch.setattr(scratch_module, "apply_rope", lambda x, cos, sin: real_rope(x, cos, sin) + cos)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*SHIFT), **_shift_names(course))
+
+
+def test_02_shifted_positions_claim_refuses_a_shift_that_never_reached_the_model(course, monkeypatch):
+    monkeypatch.setattr(ablations, "positions_shifted", lambda model, shift: contextlib.nullcontext([]))
+    with pytest.raises(Exception, match="reached 0 forward passes"):
+        run_cell(cell_source(*SHIFT), **_shift_names(course))
+
+
+# 02 · C3: interleaved RoPE on permuted q/k rows gives rotate-half's scores; on the stored rows it does not
+PAIRING = ("02_embeddings_and_positions.ipynb", "interleaved on the permuted rows")
+
+
+def _pairing_names(course):
+    from llm_anatomy.model.embeddings import embedding_table
+    from llm_anatomy.model.rope import rope_frequencies
+
+    cfg, model = course["loaded"].config, course["model"]
+    attn0, norm0 = model.model.layers[0].self_attn, model.model.layers[0].input_layernorm
+    emb = embedding_table(course["loaded"])[course["tok"].encode(" cat", add_special_tokens=False)[0]].float()
+    h = emb * torch.rsqrt(emb.pow(2).mean() + norm0.variance_epsilon) * norm0.weight.float()  # as the notebook's RMSNorm
+    head_dim, theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+    return dict(attn0=attn0, h=h, head_dim=head_dim, theta=theta, freqs=rope_frequencies(head_dim, theta),
+                q_cat=attn0.q_proj.weight[:head_dim].float() @ h)
+
+
+def test_02_pairing_claim_holds(course):
+    namespace = run_cell(cell_source(*PAIRING), **_pairing_names(course))
+    assert abs(namespace["wrong"] - namespace["half"]) > 1e-2 * abs(namespace["half"])
+
+
+def test_02_pairing_claim_fails_when_the_library_pairs_neighbours(course, monkeypatch):
+    from llm_anatomy.model import rope as rope_module
+
+    real_apply = rope_module.apply_rope
+    order = torch.stack([torch.arange(32), torch.arange(32) + 32], dim=1).flatten()
+    back = order.argsort()
+
+    def interleaved(x, cos, sin):  # neighbours (2i, 2i + 1) turned together: the stored rows read the wrong way
+        return real_apply(x[..., back], cos, sin)[..., order]
+
+    monkeypatch.setattr(rope_module, "apply_rope", interleaved)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*PAIRING), **_pairing_names(course))
