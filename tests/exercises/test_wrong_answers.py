@@ -458,7 +458,7 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch00.check_count_parameters, lambda check, a: check(a)),
     (ch01.check_train, lambda check, a: check(a)), (ch01.check_pre_split, lambda check, a: check(a)),
     (ch01.check_encode_chunk, lambda check, a: check(a)),
-    (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_cosine_similarity, lambda check, a: check(a)),
+    (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_nearest_neighbours, lambda check, a: check(a)),
     (ch02.check_rope, lambda check, a: check(a)),
     (ch03.check_one_head, lambda check, a: check(a)), (ch03.check_expand_kv, lambda check, a: check(a)),
     (ch04.check_forward, lambda check, a: check(a)), (ch04.check_next_token_loss, lambda check, a: check(a)),
