@@ -456,6 +456,7 @@ class _Nothing:
 _TOKENIZER = types.SimpleNamespace(eos_token="<|im_end|>", eos_token_id=2)
 _CALLED = [  # (check, how to call it with the learner's answer)
     (ch00.check_count_parameters, lambda check, a: check(a)),
+    (ch01.check_pair_counts, lambda check, a: check(a)), (ch01.check_merge, lambda check, a: check(a)),
     (ch01.check_train, lambda check, a: check(a)), (ch01.check_pre_split, lambda check, a: check(a)),
     (ch01.check_encode_chunk, lambda check, a: check(a)),
     (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_nearest_neighbours, lambda check, a: check(a)),
