@@ -462,6 +462,7 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_nearest_neighbours, lambda check, a: check(a)),
     (ch02.check_rope, lambda check, a: check(a)),
     (ch03.check_one_head, lambda check, a: check(a)), (ch03.check_expand_kv, lambda check, a: check(a)),
+    (ch03.check_grouped_scores, lambda check, a: check(a)),
     (ch04.check_rms_norm, lambda check, a: check(a)), (ch04.check_swiglu, lambda check, a: check(a)),
     (ch04.check_forward, lambda check, a: check(a)), (ch04.check_next_token_loss, lambda check, a: check(a)),
     (ch05.check_greedy_choice, lambda check, a: check(a)), (ch05.check_temperature, lambda check, a: check(a)),
