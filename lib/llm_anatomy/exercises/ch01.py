@@ -78,10 +78,8 @@ def check_pair_counts(pair_counts) -> str:
 
 
 def _merge_without_skip(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    out = []
-    for i, current in enumerate(ids):  # a match moves on by one only: the pair's second id is kept as well
-        out.append(new_id if i + 1 < len(ids) and (current, ids[i + 1]) == pair else current)
-    return out
+    """A match that moves on by one only: the pair's second id is kept as well."""
+    return [new_id if i + 1 < len(ids) and (a, ids[i + 1]) == pair else a for i, a in enumerate(ids)]
 
 
 MERGE_CASES = [([1, 2, 3, 1, 2], (1, 2), 9), ([4, 4, 4], (4, 4), 9), ([4, 4, 4, 4, 4], (4, 4), 300),
