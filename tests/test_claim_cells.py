@@ -201,3 +201,32 @@ def test_02_pairing_claim_fails_when_the_library_pairs_neighbours(course, monkey
     monkeypatch.setattr(rope_module, "apply_rope", interleaved)
     with pytest.raises(ClaimFailed, match="C3 NOT shown"):
         run_cell(cell_source(*PAIRING), **_pairing_names(course))
+
+
+# 03 · an induction head: from the second " cat", one head looks at the token after the first " cat"
+INDUCTION = ("03_attention.ipynb", "after_first = where[0] + 1")
+
+
+def _induction_names(course, text):
+    from llm_anatomy.views.labels import token_labels
+
+    text_ids = _ids(course, text)
+    return dict(tok=course["tok"], scratch=course["scratch"], cfg=course["loaded"].config, text_ids=text_ids,
+                text_names=token_labels(course["tok"], text_ids[0]), H=course["scratch"].cfg.num_heads)
+
+
+def test_03_induction_head_claim_holds(course):
+    namespace = run_cell(cell_source(*INDUCTION),
+                         **_induction_names(course, "The cat sat on the mat because it was tired. The cat"))
+    assert namespace["row"][namespace["after_first"]] > 0.5
+
+
+def test_03_induction_head_claim_fails_when_nothing_is_repeated(course):
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):  # one " cat" only: there is nothing to copy from
+        run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat because it was tired. The dog"))
+
+
+def test_03_induction_head_copies_whatever_followed_last_time(course):
+    # what makes it an induction head: after a different context, the second " cat" still looks at " sat"
+    namespace = run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat. A dog ran, cat"))
+    assert namespace["text_names"][namespace["after_first"]] == "·sat"

@@ -23,6 +23,13 @@ def test_one_hot_embed_refuses_indexing_the_table():
     not_yet(ch02.check_one_hot_embed(lambda ids, table: table.index_select(0, ids.flatten())), "indexing the table")
     not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.nn.functional.embedding(ids, table)), "indexing")
     not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([table[i] for i in ids])), "indexing")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([table.unbind(0)[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "unbind")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.tensor([table.tolist()[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "tolist")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([list(table)[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "one-hot")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.cat(table.split(1))[ids]), "split")
 
 
 def test_one_hot_embed_mistakes_get_specific_messages():

@@ -23,13 +23,18 @@ class _UnindexableTable(torch.Tensor):
 
     REFUSED = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.nn.functional.embedding,
                torch.embedding, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
-               torch.Tensor.index_select, torch.take_along_dim}
+               torch.Tensor.index_select, torch.take_along_dim,
+               # every other way to get at one row: taking the table apart, or reading it out of torch
+               torch.unbind, torch.Tensor.unbind, torch.Tensor.__iter__, torch.split, torch.Tensor.split,
+               torch.chunk, torch.Tensor.chunk, torch.Tensor.tensor_split, torch.tensor_split, torch.narrow,
+               torch.Tensor.narrow, torch.select, torch.Tensor.select, torch.Tensor.tolist, torch.Tensor.numpy,
+               torch.Tensor.unfold, torch.Tensor.__array__, torch.Tensor.masked_select, torch.masked_select}
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in cls.REFUSED:
-            raise NotYet("you read the rows by indexing the table (table[ids], index_select or F.embedding): that is "
-                         "the lookup itself. Build one-hot rows and multiply them by the table.")
+            raise NotYet("you read the rows by indexing the table or taking it apart (table[ids], index_select, "
+                         "F.embedding, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them by the table.")
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
