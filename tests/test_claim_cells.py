@@ -38,7 +38,6 @@ def run_cell(source: str, **names) -> dict:
 
 @pytest.fixture(scope="module")
 def course(real):
-    torch.set_grad_enabled(False)
     model = real.model if real.dtype == torch.float32 else copy.deepcopy(real.model).float()
     return dict(model=model, scratch=ScratchLlama.from_hf(model), tok=real.tokenizer, loaded=real)
 

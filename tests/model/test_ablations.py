@@ -12,7 +12,6 @@ from llm_anatomy.model.ablations import (cached_vs_full, check_shifted, kv_heads
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.weights.random import random_llama
 
-torch.set_grad_enabled(False)
 
 
 @pytest.fixture(scope="module")
