@@ -149,3 +149,75 @@ def test_the_digits_message_names_the_pre_tokenizer_not_a_missing_merge():
 
 
 # --------------------------------------------------------------------------- hints
+
+
+# --------------------------------------------------------------------------- 1.1a/b the two helpers
+
+
+def test_the_helper_solutions_pass_and_equal_the_library():
+    assert ch01.check_pair_counts(solutions.pair_counts).passed
+    assert ch01.check_merge(solutions.merge).passed
+    assert solutions.merge([4, 4, 4, 1, 4, 4], (4, 4), 9) == bpe.merge([4, 4, 4, 1, 4, 4], (4, 4), 9) == [9, 4, 1, 9]
+
+
+def test_pair_counts_mistakes_get_specific_messages():
+    def missing_last(ids, counts=None):
+        counts = {} if counts is None else counts
+        for i in range(len(ids) - 2):
+            counts[(ids[i], ids[i + 1])] = counts.get((ids[i], ids[i + 1]), 0) + 1
+        return counts
+
+    def no_overlap(ids, counts=None):
+        counts, i = ({} if counts is None else counts), 0
+        while i + 1 < len(ids):
+            counts[(ids[i], ids[i + 1])] = counts.get((ids[i], ids[i + 1]), 0) + 1
+            i += 2 if ids[i] == ids[i + 1] else 1
+        return counts
+
+    def replaces(ids, counts=None):
+        return solutions.pair_counts(ids, None)
+
+    not_yet(ch01.check_pair_counts(missing_last), "last pair", "n - 1")
+    not_yet(ch01.check_pair_counts(no_overlap), "overlapping")
+    not_yet(ch01.check_pair_counts(replaces), "add into the counts you are given")
+    not_yet(ch01.check_pair_counts(lambda ids, counts=None: list(zip(ids, ids[1:]))), "return a dict")
+    not_yet(ch01.check_pair_counts(lambda ids, counts=None: bpe.pair_counts(ids, counts)), "don't call")
+    not_yet(ch01.check_pair_counts(unattempted), "not attempted")
+
+
+def test_merge_mistakes_get_specific_messages():
+    def no_skip(ids, pair, new_id):  # a match moves on by one, not two
+        out, i = [], 0
+        while i < len(ids):
+            out.append(new_id if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair else ids[i])
+            i += 1
+        return out
+
+    def drops_last(ids, pair, new_id):
+        out, i = [], 0
+        while i + 1 < len(ids):
+            if (ids[i], ids[i + 1]) == pair:
+                out.append(new_id)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    def first_only(ids, pair, new_id):
+        for i in range(len(ids) - 1):
+            if (ids[i], ids[i + 1]) == pair:
+                return ids[:i] + [new_id] + ids[i + 2:]
+        return list(ids)
+
+    def in_place(ids, pair, new_id):
+        merged = solutions.merge(ids, pair, new_id)
+        ids[:] = merged
+        return merged
+
+    not_yet(ch01.check_merge(no_skip), "skip both", "9, 4")
+    not_yet(ch01.check_merge(drops_last), "last id is lost")
+    not_yet(ch01.check_merge(first_only), "every occurrence")
+    not_yet(ch01.check_merge(in_place), "unchanged", "new list")
+    not_yet(ch01.check_merge(lambda ids, pair, new_id: bpe.merge(ids, pair, new_id)), "don't call")
+    not_yet(ch01.check_merge(unattempted), "not attempted")

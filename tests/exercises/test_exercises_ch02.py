@@ -13,7 +13,7 @@ solutions = load_solutions("ch02")
 
 
 def test_solutions_pass():
-    for verdict in (ch02.check_one_hot_embed(solutions.embed), ch02.check_cosine_similarity(solutions.cosine),
+    for verdict in (ch02.check_one_hot_embed(solutions.embed), ch02.check_nearest_neighbours(solutions.neighbours),
                     ch02.check_rope(solutions.rope)):
         assert verdict.passed, verdict.message
 
@@ -23,6 +23,13 @@ def test_one_hot_embed_refuses_indexing_the_table():
     not_yet(ch02.check_one_hot_embed(lambda ids, table: table.index_select(0, ids.flatten())), "indexing the table")
     not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.nn.functional.embedding(ids, table)), "indexing")
     not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([table[i] for i in ids])), "indexing")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([table.unbind(0)[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "unbind")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.tensor([table.tolist()[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "tolist")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.stack([list(table)[i] for i in ids.flatten()])
+                                     .view(*ids.shape, -1)), "one-hot")
+    not_yet(ch02.check_one_hot_embed(lambda ids, table: torch.cat(table.split(1))[ids]), "split")
 
 
 def test_one_hot_embed_mistakes_get_specific_messages():
@@ -36,12 +43,49 @@ def test_one_hot_embed_mistakes_get_specific_messages():
     not_yet(ch02.check_one_hot_embed(None), "define a function")
 
 
-def test_cosine_similarity():
-    not_yet(ch02.check_cosine_similarity(lambda a, b: float(a @ b)), "both lengths")
-    not_yet(ch02.check_cosine_similarity(lambda a, b: [1.0]), "single number")
-    abs_cosine = lambda a, b: abs(float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b))))  # noqa: E731
-    not_yet(ch02.check_cosine_similarity(abs_cosine), "do not take abs()")
-    not_yet(ch02.check_cosine_similarity(unattempted), "not attempted")
+def test_nearest_neighbours():
+    def raw_dot(table, ids, k):
+        sims = table[ids] @ table.T
+        sims[torch.arange(len(ids)), ids] = -float("inf")
+        return sims.topk(k, dim=-1).indices
+
+    def with_self(table, ids, k):
+        unit = table / table.norm(dim=-1, keepdim=True)
+        return (unit[ids] @ unit.T).topk(k, dim=-1).indices
+
+    def absolute(table, ids, k):
+        unit = table / table.norm(dim=-1, keepdim=True)
+        sims = (unit[ids] @ unit.T).abs()
+        sims[torch.arange(len(ids)), ids] = -2.0
+        return sims.topk(k, dim=-1).indices
+
+    def least(table, ids, k):
+        unit = table / table.norm(dim=-1, keepdim=True)
+        sims = unit[ids] @ unit.T
+        sims[torch.arange(len(ids)), ids] = 2.0
+        return sims.topk(k, dim=-1, largest=False).indices
+
+    def library(table, ids, k):
+        from llm_anatomy.model.embeddings import nearest_neighbours
+
+        return torch.tensor([[n.token_id for n in nearest_neighbours(table, int(i), k)] for i in ids])
+
+    def via_functional(table, ids, k):
+        sims = torch.nn.functional.cosine_similarity(table[ids][:, None], table[None], dim=-1)
+        sims[torch.arange(len(ids)), ids] = -2.0
+        return sims.topk(k, dim=-1).indices
+
+    not_yet(ch02.check_nearest_neighbours(raw_dot), "raw dot product", "length")
+    not_yet(ch02.check_nearest_neighbours(with_self), "itself")
+    not_yet(ch02.check_nearest_neighbours(absolute), "abs(cos)")
+    not_yet(ch02.check_nearest_neighbours(least), "least similar")
+    not_yet(ch02.check_nearest_neighbours(lambda t, i, k: solutions.neighbours(t, i, k).flip(-1)), "wrong order")
+    not_yet(ch02.check_nearest_neighbours(lambda t, i, k: solutions.neighbours(t, i, k + 1)), "shape")
+    not_yet(ch02.check_nearest_neighbours(lambda t, i, k: (t[i] @ t.T).topk(k).values), "ids")
+    not_yet(ch02.check_nearest_neighbours(library), "don't call", "nearest_neighbours")
+    not_yet(ch02.check_nearest_neighbours(via_functional), "don't call", "cosine_similarity")
+    not_yet(ch02.check_nearest_neighbours(unattempted), "not attempted")
+    not_yet(ch02.check_nearest_neighbours(None), "define a function")
 
 
 def _interleaved(x, positions, theta):

@@ -52,3 +52,41 @@ def test_expand_kv_mistakes_get_specific_messages():
     not_yet(ch03.check_expand_kv(lambda k, n: k.repeat_interleave(n // k.shape[0], 0).flip(0)), "h // 3")
     not_yet(ch03.check_expand_kv(lambda k, n: attention_module.repeat_kv(k[None], n // k.shape[0])[0]), "don't call")
     not_yet(ch03.check_expand_kv(unattempted), "not attempted")
+
+
+def test_grouped_scores_solution_passes_and_equals_the_copy():
+    assert ch03.check_grouped_scores(solutions.grouped_scores).passed
+    q, k = torch.randn(9, 4, 8), torch.randn(3, 4, 8)
+    from llm_anatomy.model.attention import repeat_kv
+
+    copied = (q @ repeat_kv(k[None], 3)[0].transpose(-2, -1)) / 8 ** 0.5
+    assert torch.allclose(solutions.grouped_scores(q, k), copied, atol=1e-5)
+
+
+def test_grouped_scores_mistakes_and_copies_are_named():
+    import math
+
+    def modulo(q, k):  # heads dealt out h % kv
+        kv = k.shape[0]
+        stacked = q.reshape(q.shape[0] // kv, kv, *q.shape[1:]).transpose(0, 1).reshape(kv, -1, q.shape[-1])
+        scores = stacked @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return scores.reshape(kv, q.shape[0] // kv, q.shape[1], -1).transpose(0, 1).reshape(q.shape[0], q.shape[1], -1)
+
+    def unscaled(q, k):
+        return solutions.grouped_scores(q, k) * math.sqrt(q.shape[-1])
+
+    def copied(q, k):
+        return q @ k.repeat_interleave(q.shape[0] // k.shape[0], dim=0).transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+    def expanded(q, k):
+        n = q.shape[0] // k.shape[0]
+        wide = k[:, None].expand(k.shape[0], n, *k.shape[1:]).reshape(q.shape[0], *k.shape[1:])
+        return q @ wide.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+    not_yet(ch03.check_grouped_scores(modulo), "h // n_rep")
+    not_yet(ch03.check_grouped_scores(unscaled), "sqrt(head_dim)")
+    not_yet(ch03.check_grouped_scores(copied), "don't call", "reshape the queries")
+    not_yet(ch03.check_grouped_scores(expanded), "don't call")
+    not_yet(ch03.check_grouped_scores(lambda q, k: solutions.grouped_scores(q, k)[:, -1]), "return [")
+    not_yet(ch03.check_grouped_scores(unattempted), "not attempted")
+    not_yet(ch03.check_grouped_scores(None), "define a function")

@@ -13,6 +13,8 @@ solutions = load_solutions("ch04")
 
 
 def test_solutions_pass_on_the_small_model():
+    assert ch04.check_rms_norm(solutions.rms_norm).passed
+    assert ch04.check_swiglu(solutions.swiglu).passed
     assert ch04.check_forward(solutions.forward).passed
     assert ch04.check_next_token_loss(solutions.next_token_loss).passed
 
@@ -84,3 +86,69 @@ def test_next_token_loss_refuses_torch_s_cross_entropy():
     not_yet(ch04.check_next_token_loss(shortcut), "don't call", "cross_entropy")
     not_yet(ch04.check_next_token_loss(lambda logits, ids: torch.nn.CrossEntropyLoss()(logits[0], ids[0])), "don't call")
     assert torch.nn.functional.cross_entropy(torch.zeros(1, 2), torch.tensor([0])) > 0  # restored afterwards
+
+
+def test_rms_norm_mistakes_get_specific_messages():
+    def layer_norm(x, w, eps):
+        x32 = x.float()
+        return w * ((x32 - x32.mean(-1, keepdim=True)) * torch.rsqrt(x32.var(-1, keepdim=True, unbiased=False) + eps)).to(x.dtype)
+
+    def eps_outside(x, w, eps):
+        x32 = x.float()
+        return w * (x32 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + eps)).to(x.dtype)
+
+    def no_weight(x, w, eps):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    def no_upcast(x, w, eps):
+        return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    def wrong_dim(x, w, eps):
+        x32 = x.float()
+        return w * (x32 * torch.rsqrt(x32.pow(2).mean(0, keepdim=True) + eps)).to(x.dtype)
+
+    not_yet(ch04.check_rms_norm(layer_norm), "LayerNorm", "subtract the mean")
+    not_yet(ch04.check_rms_norm(eps_outside), "inside the square root")
+    not_yet(ch04.check_rms_norm(no_weight), "learned weight")
+    not_yet(ch04.check_rms_norm(no_upcast), "float16", "float32")
+    not_yet(ch04.check_rms_norm(wrong_dim), "not RMSNorm yet", "last dimension")
+    not_yet(ch04.check_rms_norm(lambda x, w, eps: solutions.rms_norm(x, w, eps).float()), "dtype")
+    not_yet(ch04.check_rms_norm(lambda x, w, eps: x.pow(2).mean(-1)), "shaped like x")
+    not_yet(ch04.check_rms_norm(unattempted), "not attempted")
+
+
+def test_rms_norm_refuses_the_library_s_norms():
+    from llm_anatomy.model.scratch import RMSNorm
+
+    def ours(x, w, eps):
+        norm = RMSNorm(x.shape[-1], eps).to(x.dtype)
+        norm.weight.data = w
+        return norm(x)
+
+    not_yet(ch04.check_rms_norm(ours), "don't call")
+    not_yet(ch04.check_rms_norm(lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)), "don't call")
+
+
+def test_swiglu_mistakes_get_specific_messages():
+    silu = torch.nn.functional.silu
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: ((x @ g.T) * silu(x @ u.T)) @ d.T), "gate projection")
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: (torch.relu(x @ g.T) * (x @ u.T)) @ d.T), "ReLU")
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: (torch.sigmoid(x @ g.T) * (x @ u.T)) @ d.T), "sigmoid(x) alone")
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: (silu(x @ g.T) + (x @ u.T)) @ d.T), "not a sum")
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: silu(x @ g.T) @ d.T), "up projection is missing")
+    not_yet(ch04.check_swiglu(lambda x, g, u, d: silu(x @ g.T) * (x @ u.T)), "project back down")
+    not_yet(ch04.check_swiglu(unattempted), "not attempted")
+
+
+def test_swiglu_refuses_the_model_s_mlp():
+    from llm_anatomy.model.scratch import MLP
+
+    def ours(x, g, u, d):
+        mlp = MLP.__new__(MLP)
+        torch.nn.Module.__init__(mlp)
+        mlp.gate_proj, mlp.up_proj, mlp.down_proj = (torch.nn.Linear(1, 1, bias=False) for _ in range(3))
+        mlp.gate_proj.weight.data, mlp.up_proj.weight.data, mlp.down_proj.weight.data = g, u, d
+        return mlp(x)
+
+    not_yet(ch04.check_swiglu(ours), "don't call")

@@ -170,11 +170,15 @@ def test_9_1_and_9_2_the_librarys_kernels_are_refused():
 # =========================================================================== 3. no wrong answer marked Correct
 
 
-def test_2_2_abs_of_the_cosine_is_refused():
-    # with only same-direction pairs, abs(cos) passed; opposite vectors have cosine -1
-    def abs_cosine(a, b):
-        return abs(float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b))))
-    not_yet(ch02.check_cosine_similarity(abs_cosine), "opposite directions", "do not take abs()")
+def test_2_2_neighbours_ranked_by_abs_cos_are_refused():
+    # 2.2 was the cosine of two vectors, where abs(cos) passed; it is now nearest neighbours over the whole table,
+    # and the held-back table has rows pointing the opposite way of a query (cosine -1)
+    def absolute(table, ids, k):
+        unit = table / torch.linalg.norm(table, dim=-1, keepdim=True)
+        sims = (unit[ids] @ unit.T).abs()
+        sims[torch.arange(len(ids)), ids] = -2.0
+        return sims.topk(k, dim=-1).indices
+    not_yet(ch02.check_nearest_neighbours(absolute), "abs(cos)")
 
 
 def test_6_2_an_update_that_reallocates_with_cat_is_refused():
@@ -463,11 +467,14 @@ class _Nothing:
 _TOKENIZER = types.SimpleNamespace(eos_token="<|im_end|>", eos_token_id=2)
 _CALLED = [  # (check, how to call it with the learner's answer)
     (ch00.check_count_parameters, lambda check, a: check(a)),
+    (ch01.check_pair_counts, lambda check, a: check(a)), (ch01.check_merge, lambda check, a: check(a)),
     (ch01.check_train, lambda check, a: check(a)), (ch01.check_pre_split, lambda check, a: check(a)),
     (ch01.check_encode_chunk, lambda check, a: check(a)),
-    (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_cosine_similarity, lambda check, a: check(a)),
+    (ch02.check_one_hot_embed, lambda check, a: check(a)), (ch02.check_nearest_neighbours, lambda check, a: check(a)),
     (ch02.check_rope, lambda check, a: check(a)),
     (ch03.check_one_head, lambda check, a: check(a)), (ch03.check_expand_kv, lambda check, a: check(a)),
+    (ch03.check_grouped_scores, lambda check, a: check(a)),
+    (ch04.check_rms_norm, lambda check, a: check(a)), (ch04.check_swiglu, lambda check, a: check(a)),
     (ch04.check_forward, lambda check, a: check(a)), (ch04.check_next_token_loss, lambda check, a: check(a)),
     (ch05.check_greedy_choice, lambda check, a: check(a)), (ch05.check_temperature, lambda check, a: check(a)),
     (ch05.check_top_k, lambda check, a: check(a)), (ch05.check_top_p, lambda check, a: check(a)),

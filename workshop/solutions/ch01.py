@@ -7,6 +7,27 @@ import regex
 from llm_anatomy.tokens import bpe
 
 
+def pair_counts(ids, counts=None):
+    """Exercise 1.1a: add how often each adjacent pair of ids occurs into counts (a new dict when None)."""
+    counts = {} if counts is None else counts
+    for pair in zip(ids, ids[1:]):  # every adjacent pair, overlapping ones included
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def merge(ids, pair, new_id):
+    """Exercise 1.1b: a new list with every occurrence of pair, scanned left to right, replaced by new_id."""
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2  # both ids are used up
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 def train(text, vocab_size):
     """Exercise 1.1: the plain BPE training loop: count pairs in every chunk, merge the most frequent, repeat."""
     chunks = [list(chunk.encode("utf-8")) for chunk in bpe.PreSplitter()(text)]

@@ -1,4 +1,4 @@
-"""Checks for notebook 01 (tokens): the training loop, encoding by rank, SmolLM2's pre-split.
+"""Checks for notebook 01 (tokens): counting pairs, one merge, the training loop, encoding by rank, SmolLM2's pre-split.
 
 Each check runs the learner's function on text the notebook never showed, compares it with the library
 (bpe_train.train_plain, BPETokenizer's encoder, the model's pre-tokenizer chain) and names the typical mistake.
@@ -30,6 +30,88 @@ SMOLLM2_SPLIT = PreSplitter((regex.compile(r"\p{N}"), regex.compile(GPT2_SPLIT_P
 
 def _label(data: bytes) -> str:
     return repr(data.decode("utf-8", errors="replace"))
+
+
+PAIR_CASES = [[5, 5, 5, 7, 5, 5, 1], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [8], []]  # held back: overlaps, repeats, edges
+
+
+def _non_overlapping_counts(ids: list[int]) -> dict:
+    counts, i = {}, 0
+    while i + 1 < len(ids):
+        counts[(ids[i], ids[i + 1])] = counts.get((ids[i], ids[i + 1]), 0) + 1
+        i += 2 if ids[i] == ids[i + 1] else 1
+    return counts
+
+
+def _no_helper(name: str) -> forbidden_all:
+    return forbidden_all([getattr(bpe_train, name)], f"write {name} yourself, with a loop over adjacent ids")
+
+
+@exercise
+@hints("Walk along the ids and look at each id together with the one after it. How many such pairs has a list of n?",
+       "zip(ids, ids[1:]) gives every adjacent pair, overlapping ones included; add 1 to each pair's count in the dict "
+       "(counts.get(pair, 0) + 1), and make a new dict only when counts is None.",
+       "Start from counts (or {}), loop over the adjacent pairs adding one to each, and return the same dict.")
+def check_pair_counts(pair_counts) -> str:
+    """Exercise 1.1a: pair_counts(ids, counts=None) adds how often each adjacent pair occurs in ids into counts."""
+    expect(callable(pair_counts), "define a function pair_counts(ids, counts=None) that returns a dict of counts.")
+    for ids in PAIR_CASES:
+        with _no_helper("pair_counts"):
+            got = call(pair_counts, list(ids), None)
+        expect(isinstance(got, dict), f"return a dict {{(left id, right id): count}}, not {type(got).__name__}.")
+        want = bpe_train.pair_counts(ids)
+        if got == want:
+            continue
+        expect(got != bpe_train.pair_counts(ids[:-1]), f"the last pair {tuple(ids[-2:])} of {ids} is missing: a list "
+                                                       "of n ids has n - 1 adjacent pairs.")
+        expect(got != _non_overlapping_counts(ids), "count overlapping pairs too: in 5, 5, 5 the pair (5, 5) occurs "
+                                                    "twice (positions 0-1 and 1-2).")
+        expect(False, f"for {ids} the counts are {want}, not {got}.")
+    counts = {(5, 5): 10}
+    with _no_helper("pair_counts"):
+        got = call(pair_counts, [5, 5, 6], counts)
+    expect(got is counts or got == {(5, 5): 11, (5, 6): 1}, "add into the counts you are given (the loop calls you "
+                                                           "once per chunk with one shared dict), and return them.")
+    expect(got == {(5, 5): 11, (5, 6): 1}, f"adding [5, 5, 6] to {{(5, 5): 10}} gives {{(5, 5): 11, (5, 6): 1}}, not "
+                                           f"{got}: add to the counts already there, do not replace them.")
+    return "every adjacent pair counted, overlapping ones too, added into one dict across chunks: BPE's statistics."
+
+
+def _merge_without_skip(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """A match that moves on by one only: the pair's second id is kept as well."""
+    return [new_id if i + 1 < len(ids) and (a, ids[i + 1]) == pair else a for i, a in enumerate(ids)]
+
+
+MERGE_CASES = [([1, 2, 3, 1, 2], (1, 2), 9), ([4, 4, 4], (4, 4), 9), ([4, 4, 4, 4, 4], (4, 4), 300),
+               ([7, 8, 7], (8, 9), 300), ([2, 6, 2, 6], (2, 6), 256), ([5], (5, 5), 256)]
+
+
+@exercise
+@hints("Build a new list, walking along the ids from the left. What do you do when the pair starts at your position, "
+       "and how far do you move then?",
+       "Use an index i and a while loop: if ids[i], ids[i + 1] is the pair, append new_id and jump 2; otherwise append "
+       "ids[i] and move 1. Do not read past the end.",
+       "Scanning left to right, an overlapping run 4, 4, 4 merges its first two only (9, 4): after a match skip both "
+       "ids, and keep the last one when no pair starts there.")
+def check_merge(merge) -> str:
+    """Exercise 1.1b: merge(ids, pair, new_id) -> a new list with every occurrence of pair, left to right, replaced."""
+    expect(callable(merge), "define a function merge(ids, pair, new_id) that returns the new list of ids.")
+    for ids, pair, new_id in MERGE_CASES:
+        given = list(ids)
+        with _no_helper("merge"):
+            got = returned(call(merge, given, pair, new_id), "ids", "the merged ids (a list)")
+        expect(given == ids, "leave the ids you are given unchanged: return a new list (the loop keeps the old one).")
+        want = bpe_train.merge(ids, pair, new_id)
+        if got == want:
+            continue
+        expect(got != _merge_without_skip(ids, pair, new_id), "after a match, skip both ids of the pair (i += 2): "
+                                                               "4, 4, 4 with the pair (4, 4) becomes 9, 4.")
+        expect(not (len(got) == len(want) - 1 and got == want[:-1]), f"the last id is lost ({want} expected, got "
+                                                                    f"{got}): keep an id at the end that starts no pair.")
+        expect(ids.count(pair[0]) < 2 or got.count(new_id) != 1 or want.count(new_id) == 1,
+               f"replace every occurrence of the pair, not only the first: {ids} -> {want}.")
+        expect(False, f"merge({ids}, {pair}, {new_id}) gives {want}, not {got}.")
+    return "every occurrence replaced, left to right, overlaps settled the way BPE settles them."
 
 
 def _no_trainer() -> forbidden_all:

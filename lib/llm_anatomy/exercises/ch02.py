@@ -1,7 +1,7 @@
-"""Checks for notebook 02 (embeddings and positions): the one-hot lookup, cosine similarity, RoPE by hand.
+"""Checks for notebook 02 (embeddings and positions): the one-hot lookup, nearest neighbours, RoPE by hand.
 
 Each check runs the learner's function on tables, vectors and positions the notebook never showed, compares it
-with the library (embeddings.one_hot_lookup, rope.apply_rope) and names the typical mistake.
+with the library (embeddings.one_hot_lookup, embeddings.nearest_neighbours, rope.apply_rope) and names the typical mistake.
 """
 
 from __future__ import annotations
@@ -23,13 +23,18 @@ class _UnindexableTable(torch.Tensor):
 
     REFUSED = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.nn.functional.embedding,
                torch.embedding, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
-               torch.Tensor.index_select, torch.take_along_dim}
+               torch.Tensor.index_select, torch.take_along_dim,
+               # every other way to get at one row: taking the table apart, or reading it out of torch
+               torch.unbind, torch.Tensor.unbind, torch.Tensor.__iter__, torch.split, torch.Tensor.split,
+               torch.chunk, torch.Tensor.chunk, torch.Tensor.tensor_split, torch.tensor_split, torch.narrow,
+               torch.Tensor.narrow, torch.select, torch.Tensor.select, torch.Tensor.tolist, torch.Tensor.numpy,
+               torch.Tensor.unfold, torch.Tensor.__array__, torch.Tensor.masked_select, torch.masked_select}
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in cls.REFUSED:
-            raise NotYet("you read the rows by indexing the table (table[ids], index_select or F.embedding): that is "
-                         "the lookup itself. Build one-hot rows and multiply them by the table.")
+            raise NotYet("you read the rows by indexing the table or taking it apart (table[ids], index_select, "
+                         "F.embedding, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them by the table.")
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
@@ -56,30 +61,69 @@ def check_one_hot_embed(embed) -> str:
     return "a one-hot row times the table picks exactly that token's row: the lookup is a matrix product."
 
 
+def _neighbour_table(seed: int, vocab: int, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A table whose rows have very different lengths, and whose query rows each have an opposite twin, so that a
+    raw dot product, abs(cos) and a missing self-exclusion each give other neighbours: (table, query ids)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, hidden, generator=g) * torch.exp(1.5 * torch.randn(vocab, 1, generator=g))
+    ids = torch.randperm(vocab // 2, generator=g)[:5]
+    twins = vocab // 2 + torch.arange(len(ids))
+    table[twins] = -3.0 * table[ids] + 0.05 * torch.randn(len(ids), hidden, generator=g)  # the opposite direction
+    return table, ids
+
+
+def _by_cosine(table: torch.Tensor, ids: torch.Tensor, k: int, keep_self=False, absolute=False, lengths=True,
+               smallest=False) -> torch.Tensor:
+    rows = table.double() / (table.double().norm(dim=-1, keepdim=True) if lengths else 1.0)
+    sims = rows[ids] @ rows.T  # [queries, vocab]
+    sims = sims.abs() if absolute else sims
+    if not keep_self:
+        sims[torch.arange(len(ids)), ids] = float("inf") if smallest else -float("inf")
+    return sims.topk(k, dim=-1, largest=not smallest).indices
+
+
+NEIGHBOUR_MISTAKES = [
+    (dict(lengths=False), "you ranked by the raw dot product: long rows win whatever their direction. Divide every "
+                          "row of the table by its length first, then the dot product is the cosine."),
+    (dict(keep_self=True), "each token's first neighbour is itself (cosine 1): leave the query's own row out."),
+    (dict(absolute=True), "you ranked by abs(cos): a vector pointing the opposite way (cosine -1) is the least "
+                          "similar, not the most."),
+    (dict(smallest=True), "you took the k least similar rows: topk picks the largest by default, largest first."),
+]
+
+
 @exercise
-@hints("Cosine similarity compares directions only: the length of each vector must not matter.",
-       "It is the dot product divided by the product of the two lengths (torch.linalg.norm gives a length).",
-       "return float(a @ b / (torch.linalg.norm(a) * torch.linalg.norm(b)))")
-def check_cosine_similarity(cosine) -> str:
-    """Exercise 2.2: cosine(a, b) = a.b / (|a| |b|), a float from -1 to 1."""
-    expect(callable(cosine), "define a function cosine(a, b) that returns a number.")
-    a, b = torch.tensor([1.0, 2.0, 2.0]), torch.tensor([2.0, 0.0, 1.0])
-    library = [(torch.nn.functional, "cosine_similarity"), (torch, "cosine_similarity")]
-    with forbidden_all(library, "divide the dot product by both lengths yourself"):
-        value = returned(call(cosine, a.clone(), b.clone()), "number", "the cosine (a single number)")
-    expect(abs(value - 4 / (3 * 5 ** 0.5)) < 1e-5,
-           f"cosine([1,2,2], [2,0,1]) should be 4 / (3 * sqrt(5)) = {4 / (3 * 5 ** 0.5):.4f}, not {value:.4f}: "
-           "divide the dot product by both lengths.")
-    with forbidden_all(library, "divide the dot product by both lengths yourself"):
-        same = returned(call(cosine, a.clone(), 10 * a), "number", "the cosine (a single number)")
-    expect(abs(same - 1.0) < 1e-5, f"a vector and 10 times it point the same way: cosine 1, not {same:.4f}.")
-    with forbidden_all(library, "divide the dot product by both lengths yourself"):
-        away = returned(call(cosine, torch.tensor([0.0, 3.0, -4.0]), torch.tensor([0.0, -6.0, 8.0])), "number",
-                        "the cosine (a single number)")
-    expect(abs(away + 1.0) < 1e-5,
-           f"[0,3,-4] and [0,-6,8] point in opposite directions: cosine -1, not {away:.4f}"
-           + (": the sign is the answer, do not take abs()." if abs(away - 1.0) < 1e-5 else "."))
-    return "cosine similarity ignores length and compares direction only."
+@hints("Cosine similarity is a dot product between two vectors of length 1. If every row of the table had length 1, "
+       "how could one matrix product compare the queries with every row at once?",
+       "Divide each row by its own length (keep the dimension, so it broadcasts); then the queries' rows times the "
+       "transposed table give a [queries, vocab] matrix of cosines. A query's own row is always its best match.",
+       "Push each query's own entry below -1 before choosing, then torch.topk along the last dimension gives the k "
+       "largest per row, largest first; return its indices.")
+def check_nearest_neighbours(neighbours) -> str:
+    """Exercise 2.2: neighbours(table, ids, k) -> [len(ids), k] row ids by cosine, most similar first, self left out."""
+    from ..model import embeddings
+
+    expect(callable(neighbours), "define a function neighbours(table, ids, k) that returns k row ids per query id.")
+    library = [(torch.nn.functional, "cosine_similarity"), (torch, "cosine_similarity"),
+               (embeddings, "cosine_similarities"), (embeddings, "nearest_neighbours")]
+    for seed, vocab, hidden, k in [(5, 300, 12, 4), (6, 1000, 24, 7)]:
+        table, ids = _neighbour_table(seed, vocab, hidden)
+        with forbidden_all(library, "normalise the rows and take one matrix product yourself"):
+            out = returned(call(neighbours, table.clone(), ids.clone(), k), "tensor", "the neighbours' row ids")
+        expect(tuple(out.shape) == (len(ids), k), f"return one row of {k} ids per query, shape [{len(ids)}, {k}], not "
+                                                  f"{list(out.shape)}.")
+        expect(not out.dtype.is_floating_point, "return the neighbours' row ids (topk's indices), not their cosines.")
+        out = out.long()
+        want = torch.stack([torch.tensor([n.token_id for n in embeddings.nearest_neighbours(table, int(i), k)])
+                            for i in ids])  # the library's answer, one query at a time
+        if torch.equal(out, want):
+            continue
+        for change, message in NEIGHBOUR_MISTAKES:
+            expect(not torch.equal(out, _by_cosine(table, ids, k, **change)), message)
+        expect(torch.equal(out.sort(-1).values, want.sort(-1).values),
+               f"not the {k} nearest rows by cosine yet: compare each query with every row of the table.")
+        expect(False, "the right neighbours in the wrong order: most similar first (topk's order).")
+    return "the same neighbours as the library's nearest_neighbours: one normalised matrix product ranks the whole table."
 
 
 def _reference_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Checks for notebook 03 (attention): one causal head, and grouped-query sharing of K/V heads.
+"""Checks for notebook 03 (attention): one causal head, grouped-query sharing of K/V heads, and GQA without the copy.
 
 Each check runs the learner's function on shapes the notebook never showed, compares it with the library
 (attention.attention, attention.repeat_kv) and names the typical mistake. The library's attention, torch's fused
@@ -121,3 +121,52 @@ def check_expand_kv(expand_kv) -> str:
            "with your expanded K and V, multi-head attention should equal grouped-query attention.")
     return ("each group of query heads reads one shared K/V head: the cache stores 3 heads, not 9, and the outputs "
             "are those of grouped-query attention.")
+
+
+def _copies_of_k() -> forbidden_all:
+    """The ways to copy K for every query head, refused: the exercise is to not make the copy."""
+    return forbidden_all([attention_module.repeat_kv, (torch, "repeat_interleave"), (torch.Tensor, "repeat_interleave"),
+                          (torch.Tensor, "repeat"), (torch.Tensor, "expand"), (torch.Tensor, "expand_as"),
+                          (torch, "tile"), (torch.Tensor, "tile"), attention_module.attention_probabilities,
+                          attention_module.attention],
+                         "leave K as it is ([kv_heads, seq, head_dim]) and reshape the queries instead")
+
+
+def _grouped_reference(q: torch.Tensor, k: torch.Tensor, grouping: str = "h // n_rep", scale=True) -> torch.Tensor:
+    heads, kv = q.shape[0], k.shape[0]
+    n_rep = heads // kv
+    of = [h // n_rep for h in range(heads)] if grouping == "h // n_rep" else [h % kv for h in range(heads)]
+    scores = q.double() @ k.double()[of].transpose(-2, -1)  # [heads, q_len, k_len]
+    return scores / math.sqrt(q.shape[-1]) if scale else scores
+
+
+@exercise
+@hints("Query heads g * n_rep ... g * n_rep + n_rep - 1 all read K/V head g. Instead of copying K/V head g n_rep "
+       "times, what if the n_rep query heads of a group were stacked into one taller matrix?",
+       "q is [heads, q_len, d] with the heads in order, so q.reshape(kv_heads, n_rep * q_len, d) puts each group's "
+       "query rows together; one batched matmul with k.transpose(-2, -1) scores them all against their shared K.",
+       "Divide by sqrt(head_dim), then view the [kv_heads, n_rep * q_len, k_len] result back as [heads, q_len, "
+       "k_len]: the rows come out head by head, in order.")
+def check_grouped_scores(grouped_scores) -> str:
+    """Exercise 3.3: grouped_scores(q, k) -> q k^T / sqrt(d) per query head, [heads, q_len, k_len], K never copied."""
+    expect(callable(grouped_scores), "define a function grouped_scores(q, k) that returns the scores of every query "
+                                     "head.")
+    g = torch.Generator().manual_seed(33)
+    for heads, kv, q_len, k_len, d in [(6, 2, 5, 5, 8), (8, 4, 1, 7, 16), (4, 1, 3, 6, 4)]:
+        q = torch.randn(heads, q_len, d, generator=g)
+        k = torch.randn(kv, k_len, d, generator=g)
+        with _copies_of_k():
+            out = returned(call(grouped_scores, q.clone(), k.clone()), "tensor", "the scores")
+        expect(tuple(out.shape) == (heads, q_len, k_len), f"for {heads} query heads, {q_len} queries and {k_len} keys "
+                                                          f"return [{heads}, {q_len}, {k_len}], not {list(out.shape)}.")
+        out = out.double()
+        if torch.allclose(out, _grouped_reference(q, k), atol=1e-5):
+            continue
+        expect(kv == 1 or not torch.allclose(out, _grouped_reference(q, k, "h % kv"), atol=1e-5),
+               "query head h reads K/V head h // n_rep (heads 0, 1, 2 share K/V head 0 when n_rep is 3), not h % "
+               "kv_heads: reshape q to [kv_heads, n_rep * q_len, d], groups first.")
+        expect(not torch.allclose(out, _grouped_reference(q, k, scale=False), atol=1e-5),
+               "divide the scores by sqrt(head_dim), as in one head.")
+        expect(False, f"not yet the scores of every query head against its group's K ({heads} heads over {kv} K/V heads, "
+                      f"{q_len} queries): stack each group's queries, one matmul per group, then view back.")
+    return "the same scores as copying K for every head, with no copy: what the library's attention does, and why."

@@ -1,6 +1,7 @@
-"""Checks for notebook 04 (the forward pass): the loop over the blocks, and the next-token loss.
+"""Checks for notebook 04 (the forward pass): RMSNorm, the SwiGLU MLP, the loop over the blocks, the next-token loss.
 
-The forward loop is checked on a small random model the notebook never showed (and on the real one when given),
+RMSNorm and the MLP are checked on inputs the notebook never showed (a float16 one among them, where x * x
+overflows unless the norm is computed in float32), with the library's and transformers' modules refused. The forward loop is checked on a small random model the notebook never showed (and on the real one when given),
 with ScratchLlama's own forward and Block.forward refused; the loss on random logits, with torch's cross-entropy
 refused. Each typical mistake is named.
 """
@@ -9,8 +10,121 @@ from __future__ import annotations
 
 import torch
 
-from ..model.scratch import Block, ScratchConfig, ScratchLlama
+import sys
+
+from ..model.scratch import MLP, Block, RMSNorm, ScratchConfig, ScratchLlama
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+
+
+def _reference_rms_norm(x, weight, eps):
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rms_cases():
+    g = torch.Generator().manual_seed(41)
+    yield torch.randn(2, 5, 24, generator=g) * 3 + 1, 1 + 0.5 * torch.randn(24, generator=g), 1e-5
+    yield torch.randn(7, 10, generator=g), torch.rand(10, generator=g) + 0.5, 0.5  # a large eps: where it goes shows
+    big = (torch.randn(3, 48, generator=g) * 300).half()  # float16: x * x passes 65,504, the largest float16
+    yield big, (1 + 0.1 * torch.randn(48, generator=g)).half(), 1e-5
+
+
+RMS_MISTAKES = [  # the overflow first: in float16 other mistakes collapse to the same zeros
+    (lambda x, w, e: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e),
+     "in float16, x * x overflows (above 65,504) and the result collapses: compute the norm in float32 (x.float()), "
+     "then cast back to x's dtype before the weight."),
+    (lambda x, w, e: w * (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + e),
+     "that is LayerNorm: RMSNorm does not subtract the mean, it divides by the root mean square of x itself."),
+    (lambda x, w, e: w * x / (x.float().pow(2).mean(-1, keepdim=True).sqrt() + e).to(x.dtype),
+     "eps goes inside the square root: x / sqrt(mean(x ** 2) + eps)."),
+    (lambda x, w, e: x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + e),
+     "multiply by the learned weight (one number per feature) at the end."),
+]
+
+
+@exercise
+@hints("Each token's vector is scaled to a typical size of 1, then multiplied by a learned weight. Which mean, over "
+       "which dimension, and where does eps go?",
+       "The root mean square is sqrt(mean(x ** 2)) over the last dimension (keep it, so it broadcasts); eps goes "
+       "inside the square root. RMSNorm subtracts no mean.",
+       "In float16 the squares overflow: do the arithmetic on x.float(), cast the normalised x back to x.dtype, and "
+       "only then multiply by the weight (torch.rsqrt is 1 / sqrt).")
+def check_rms_norm(rms_norm) -> str:
+    """Exercise 4.1: rms_norm(x, weight, eps) -> weight * x / sqrt(mean(x^2) + eps) over the last dim, in fp32."""
+    expect(callable(rms_norm), "define a function rms_norm(x, weight, eps) that returns a tensor shaped like x.")
+    llama = sys.modules.get("transformers.models.llama.modeling_llama")
+    library = [(RMSNorm, "forward"), (torch.nn.functional, "rms_norm"), (torch, "rms_norm"), torch.nn.RMSNorm,
+               (getattr(llama, "LlamaRMSNorm", None), "forward"), (torch.nn.functional, "layer_norm")]
+    for x, weight, eps in _rms_cases():
+        with forbidden_all(library, "write the root mean square and the division yourself"):
+            out = returned(call(rms_norm, x.clone(), weight.clone(), eps), "tensor", "the normalised vectors")
+        right = _reference_rms_norm(x, weight, eps)
+        expect(tuple(out.shape) == tuple(x.shape), f"return a tensor shaped like x, {list(x.shape)}, not "
+                                                   f"{list(out.shape)}: take the mean over the last dimension with "
+                                                   "keepdim=True.")
+        expect(out.dtype == x.dtype, f"return x's dtype ({x.dtype}), not {out.dtype}: compute in float32, then cast "
+                                     "back.")
+        tolerance = dict(atol=1e-5, rtol=1e-5) if x.dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+        if torch.allclose(out.float(), right.float(), **tolerance):
+            continue
+        for wrong, message in RMS_MISTAKES:
+            with torch.no_grad():
+                mistaken = wrong(x, weight, eps)
+            expect(mistaken.shape != out.shape or not torch.allclose(out.float(), mistaken.float(), **tolerance)
+                   or torch.allclose(mistaken.float(), right.float(), **tolerance), message)
+        expect(torch.isfinite(out.float()).all(), "inf or NaN in your output: in float16 x * x overflows; compute the "
+                                                  "norm in float32.")
+        expect(False, "not RMSNorm yet: weight * x / sqrt(mean(x ** 2) + eps), the mean over each vector's numbers "
+                      "(the last dimension).")
+    return "the same numbers as the model's RMSNorm, float16 included: every sublayer sees its input at one scale."
+
+
+def _reference_mlp(x, gate, up, down):
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+MLP_MISTAKES = [
+    (lambda x, g, u, d: ((x @ g.T) * torch.nn.functional.silu(x @ u.T)) @ d.T,
+     "the SiLU goes on the gate projection, not on up: down(silu(gate(x)) * up(x))."),
+    (lambda x, g, u, d: (torch.relu(x @ g.T) * (x @ u.T)) @ d.T, "that is ReLU: SiLU is x * sigmoid(x), smooth, "
+                                                                 "and lets a little negative signal through."),
+    (lambda x, g, u, d: (torch.sigmoid(x @ g.T) * (x @ u.T)) @ d.T, "silu(x) is x * sigmoid(x), not sigmoid(x) "
+                                                                    "alone."),
+    (lambda x, g, u, d: (torch.nn.functional.silu(x @ g.T) + (x @ u.T)) @ d.T,
+     "the gate multiplies the up projection, number by number: silu(gate(x)) * up(x), not a sum."),
+    (lambda x, g, u, d: torch.nn.functional.silu(x @ g.T) @ d.T, "the up projection is missing: silu(gate(x)) * up(x)."),
+]
+
+
+@exercise
+@hints("Two projections widen the vector, one of them through an activation; they are combined number by number, "
+       "then a third projection brings the result back to the hidden size.",
+       "The weights are stored as nn.Linear stores them, [out, in]: x @ w.T applies one. SiLU(z) = z * sigmoid(z) "
+       "goes on the gate projection only.",
+       "Widen twice (gate and up, to the MLP's width), multiply silu(gate) by up element by element, then apply down; "
+       "the result has x's shape.")
+def check_swiglu(swiglu) -> str:
+    """Exercise 4.2: swiglu(x, gate_w, up_w, down_w) -> down(silu(gate(x)) * up(x)), weights stored [out, in]."""
+    expect(callable(swiglu), "define a function swiglu(x, gate_w, up_w, down_w) that returns a tensor shaped like x.")
+    llama = sys.modules.get("transformers.models.llama.modeling_llama")
+    library = [(MLP, "forward"), (getattr(llama, "LlamaMLP", None), "forward")]
+    g = torch.Generator().manual_seed(42)
+    for tokens, hidden, wide in [(5, 12, 32), ((2, 3), 20, 56)]:
+        shape = (tokens,) if isinstance(tokens, int) else tokens
+        x = torch.randn(*shape, hidden, generator=g)
+        gate, up = torch.randn(wide, hidden, generator=g) / hidden ** 0.5, torch.randn(wide, hidden, generator=g) / hidden ** 0.5
+        down = torch.randn(hidden, wide, generator=g) / wide ** 0.5
+        with forbidden_all(library, "write the three projections and the gate yourself"):
+            out = returned(call(swiglu, x.clone(), gate.clone(), up.clone(), down.clone()), "tensor", "the MLP's output")
+        expect(tuple(out.shape) == tuple(x.shape), f"return a tensor shaped like x, {list(x.shape)}, not "
+                                                   f"{list(out.shape)}: project back down to the hidden size.")
+        right = _reference_mlp(x, gate, up, down)
+        if torch.allclose(out.float(), right, atol=1e-5, rtol=1e-5):
+            continue
+        for wrong, message in MLP_MISTAKES:
+            expect(not torch.allclose(out.float(), wrong(x, gate, up, down), atol=1e-5, rtol=1e-5), message)
+        expect(False, "not SwiGLU yet: down(silu(gate(x)) * up(x)), each weight applied as x @ w.T.")
+    return "the same numbers as the model's MLP: widen twice, gate one by the other, project back down."
 
 
 def small_model(seed: int = 4) -> ScratchLlama:
@@ -57,7 +171,7 @@ def _no_shortcut() -> forbidden_all:
        "attn, _ = block.self_attn(block.input_layernorm(x), cos, sin); x = x + attn; "
        "x = x + block.mlp(block.post_attention_layernorm(x)); return model.lm_head(model.norm(x))")
 def check_forward(forward, model=None, ids=None) -> str:
-    """Exercise 4.1: forward(model, ids) -> logits [batch, seq, vocab], the loop over the blocks written out."""
+    """Exercise 4.3: forward(model, ids) -> logits [batch, seq, vocab], the loop over the blocks written out."""
     expect(callable(forward), "define a function forward(model, ids) that returns the logits.")
     cases = [(small_model(), torch.tensor([[5, 17, 3, 96, 40, 2, 2]]))]
     if model is not None and ids is not None:
@@ -97,7 +211,7 @@ def check_forward(forward, model=None, ids=None) -> str:
        "logp = torch.log_softmax(logits[:, :-1].float(), dim=-1); target = ids[:, 1:]; "
        "return -logp.gather(-1, target[..., None]).mean()")
 def check_next_token_loss(loss_fn) -> str:
-    """Exercise 4.2: next_token_loss(logits, ids) -> the mean cross-entropy of each next token, in nats."""
+    """Exercise 4.4: next_token_loss(logits, ids) -> the mean cross-entropy of each next token, in nats."""
     expect(callable(loss_fn), "define a function next_token_loss(logits, ids) that returns one number.")
     g = torch.Generator().manual_seed(5)
     cross_entropy = torch.nn.functional.cross_entropy

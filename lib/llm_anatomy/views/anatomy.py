@@ -1,11 +1,17 @@
-"""Pictures of the whole model (notebook 04): a block diagram with tensor shapes, and where the parameters sit.
+"""Pictures of the whole model: the course map with tensor shapes (notebooks 00-04), and where the parameters sit.
 
-`draw_block_diagram(cfg)` draws a ScratchConfig (or a transformers Llama config) as boxes from token ids to logits,
-one block opened up, each arrow labelled with the shape of the tensor it carries. `parameter_groups(model)` counts a
-model's parameters by role, each tensor once (a tied LM head is the embedding table, so it is not counted again).
+`draw_model_map(cfg, here=...)` draws a ScratchConfig (or a transformers Llama config) from text to logits with the
+residual stream as its spine: each norm reads the stream, attention and the MLP add into it, the final norm reads it.
+Inside the block it names the shapes of the queries, keys and values, the scores and the MLP's width. `here` (a
+notebook number, "01" to "04") highlights the parts that notebook covers ("you are here"); without it every part is
+labelled with the notebook that teaches it. It returns a ModelMap: the axes, each part's box, and the edges drawn,
+so a test can read the drawing's structure. `parameter_groups(model)` counts a model's parameters by role, each
+tensor once (a tied LM head is the embedding table, so it is not counted again).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from ..errors import CourseError
 from ..model.config import ScratchConfig
@@ -37,48 +43,125 @@ def _numbers(cfg) -> dict:
                 heads=cfg.num_heads, kv=cfg.num_kv_heads, head_dim=cfg.head_dim)
 
 
-def draw_block_diagram(cfg, ax=None):
-    """Draw the model, token ids to logits, with the shape of every tensor between the boxes. Returns the axes."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyBboxPatch
+STREAM_X, BRANCH_X, BOX_W = 1.6, 5.0, 5.1  # the spine's x; the centre and width of the boxes that branch off it
+HERE = {  # which parts each notebook covers; the first is where "you are here" points
+    "01": ("tokenizer",),
+    "02": ("embed", "rope", "lm_head"),
+    "03": ("attention", "rope"),
+    "04": ("input_norm", "attention", "post_norm", "mlp", "final_norm", "lm_head"),
+}
+TAUGHT_IN = {"tokenizer": "01", "embed": "02", "rope": "02", "attention": "03", "input_norm": "04",
+             "post_norm": "04", "mlp": "04", "final_norm": "04", "lm_head": "02, 04", "logits": "05"}
+COLOURS = {"tokenizer": "#eeeeee", "embed": "#cfe2f3", "lm_head": "#cfe2f3", "logits": "#eeeeee", "rope": "#e6d7f0",
+           "attention": "#d9ead3", "mlp": "#f4cccc", "input_norm": "#fff2cc", "post_norm": "#fff2cc",
+           "final_norm": "#fff2cc"}
+HIGHLIGHT, DIM = "#c0392b", "#777777"
 
+
+@dataclass
+class ModelMap:
+    """What draw_model_map drew: the axes, each part's box (name -> patch), and the edges (from, to) it drew.
+
+    "stream" is the residual stream; "add_attention" and "add_mlp" are the two places where it is added to."""
+
+    ax: object
+    boxes: dict = field(default_factory=dict)
+    edges: list = field(default_factory=list)
+    here: set = field(default_factory=set)
+
+
+def draw_model_map(cfg, here: str | None = None, ax=None) -> ModelMap:
+    """Draw the model from text to logits around its residual stream; `here` ("01".."04") highlights a notebook's
+    parts. Returns a ModelMap (axes, boxes, edges). Shapes are for one prompt of `seq` tokens."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Circle, FancyBboxPatch
+
+    if here is not None and here not in HERE:
+        raise CourseError(f"here must be one of {', '.join(HERE)} (a notebook that the map covers), not {here!r}.")
     n = _numbers(cfg)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 10))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 14)
+        _, ax = plt.subplots(figsize=(10, 9.5))
+    ax.set_xlim(0, 12)
+    ax.set_ylim(0.4, 15.0)
     ax.axis("off")
-    stream = f"[1, seq, {n['hidden']}]"
-    boxes = [  # (y, text, colour); the residual stream runs down the left at x = 1.2
-        (13.2, "token ids", "#eeeeee"),
-        (11.9, f"embed_tokens: a row of the table [{n['vocab']:,}, {n['hidden']}] per id", "#cfe2f3"),
-        (10.4, "RMSNorm (input_layernorm)", "#fff2cc"),
-        (9.1, f"attention: q {n['heads']} heads, k and v {n['kv']} heads of {n['head_dim']}; RoPE on q, k;\n"
-              f"softmax(q k^T / sqrt({n['head_dim']}), causal) v; o_proj back to {n['hidden']}", "#d9ead3"),
-        (7.5, "RMSNorm (post_attention_layernorm)", "#fff2cc"),
-        (6.2, f"MLP: gate and up to {n['wide']:,}, silu(gate) * up, down to {n['hidden']}", "#f4cccc"),
-        (4.2, "RMSNorm (norm)", "#fff2cc"),
-        (2.9, f"lm_head: the same table [{n['vocab']:,}, {n['hidden']}] (tied), a score per token", "#cfe2f3"),
-        (1.4, "logits: next-token scores at every position", "#eeeeee"),
-    ]
-    for y, text, colour in boxes:
-        ax.add_patch(FancyBboxPatch((2.2, y - 0.45), 7.3, 0.9, boxstyle="round,pad=0.05", fc=colour, ec="#555555"))
-        ax.text(5.85, y, text, ha="center", va="center", fontsize=8.5)
-    arrow = dict(arrowstyle="->", color="#333333")
-    shapes = {13.2: "[1, seq]", 11.9: stream, 9.1: stream, 6.2: stream, 4.2: stream, 2.9: f"[1, seq, {n['vocab']:,}]"}
-    for (y0, _, _), (y1, _, _) in zip(boxes, boxes[1:]):
-        ax.annotate("", xy=(5.85, y1 + 0.5), xytext=(5.85, y0 - 0.5), arrowprops=arrow)
-        if y0 in shapes:
-            ax.text(6.0, (y0 + y1) / 2, shapes[y0], fontsize=7.5, color="#1f4e79", va="center")
-    # the residual stream: added to after attention and after the MLP
-    ax.plot([1.2, 1.2], [11.3, 4.8], color="#1f4e79", lw=2)
-    for y_from, y_to in [(9.1, 8.3), (6.2, 5.3)]:
-        ax.annotate("", xy=(1.35, y_to), xytext=(2.2, y_from), arrowprops=dict(arrowstyle="->", color="#1f4e79"))
-        ax.text(0.55, y_to, "x +", fontsize=9, color="#1f4e79", va="center")
-    ax.annotate("", xy=(2.2, 10.4), xytext=(1.2, 10.4), arrowprops=dict(arrowstyle="->", color="#1f4e79"))
-    ax.annotate("", xy=(2.2, 7.5), xytext=(1.2, 7.5), arrowprops=dict(arrowstyle="->", color="#1f4e79"))
-    ax.text(0.05, 11.5, "residual\nstream", fontsize=8, color="#1f4e79")
-    ax.add_patch(FancyBboxPatch((0.3, 4.95), 9.5, 6.05, boxstyle="round,pad=0.05", fc="none", ec="#888888", ls="--"))
-    ax.text(9.7, 10.75, f"one block, repeated {n['layers']} times", ha="right", fontsize=9, style="italic")
-    ax.set_title("The model, from token ids to logits (shapes for one prompt of seq tokens)", fontsize=10)
-    return ax
+    drawn = ModelMap(ax, here=set(HERE.get(here, ())))
+
+    def box(name, x, y, width, text, height=0.7):
+        lit = name in drawn.here
+        patch = FancyBboxPatch((x - width / 2, y - height / 2), width, height, boxstyle="round,pad=0.04",
+                               fc=COLOURS[name], ec=HIGHLIGHT if lit else DIM, lw=2.6 if lit else 1.0)
+        ax.add_patch(patch)
+        label = text if here is not None else f"{TAUGHT_IN[name]} · {text}"  # the notebook that teaches it
+        ax.text(x, y, label, ha="center", va="center", fontsize=8, fontweight="bold" if lit else "normal")
+        drawn.boxes[name] = patch
+
+    def arrow(a, b, start, end, colour="#333333"):
+        ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=colour, lw=1.3))
+        drawn.edges.append((a, b))
+
+    def shape(x, y, text, ha="left"):
+        ax.text(x, y, text, fontsize=7.5, color="#1f4e79", va="center", ha=ha, family="monospace")
+
+    blue = "#1f4e79"
+    wide, hidden, vocab = n["wide"], n["hidden"], n["vocab"]
+    box("tokenizer", STREAM_X + 1.9, 14.0, 5.6, "tokenizer: text -> token ids")
+    box("embed", STREAM_X + 1.9, 12.7, 5.6, f"embed_tokens: a row of [{vocab:,}, {hidden}] per id")
+    arrow("tokenizer", "embed", (STREAM_X + 1.9, 13.62), (STREAM_X + 1.9, 13.08))
+    shape(STREAM_X + 1.05, 13.35, "[1, seq]", ha="right")
+    # the residual stream: the spine, from the embedding to the final norm
+    top, bottom = 12.3, 3.95
+    ax.plot([STREAM_X, STREAM_X], [top, bottom], color=blue, lw=3.2, solid_capstyle="butt")
+    drawn.edges.append(("embed", "stream"))
+    ax.text(STREAM_X - 0.15, 11.85, f"residual stream\n[1, seq, {hidden}]", fontsize=7.5, color=blue,
+            ha="right", va="center")
+    # one block: norm -> attention, added in; norm -> MLP, added in
+    ax.add_patch(FancyBboxPatch((0.25, 4.55), 11.5, 6.75, boxstyle="round,pad=0.05", fc="none", ec="#888888",
+                                ls="--"))
+    ax.text(11.7, 4.8, f"one block, {n['layers']} of them (same shape, different weights)", ha="right",
+            va="center", fontsize=8.5, style="italic")
+    steps = [("input_norm", 10.4, "attention", 9.05, "add_attention", 7.95),
+             ("post_norm", 7.15, "mlp", 5.95, "add_mlp", 5.1)]
+    for norm, y_norm, sub, y_sub, add, y_add in steps:
+        box(norm, BRANCH_X, y_norm, BOX_W, f"RMSNorm ({'input_layernorm' if norm == 'input_norm' else 'post_attention_layernorm'})",
+            height=0.55)
+        ax.plot([STREAM_X, BRANCH_X - BOX_W / 2 - 0.35], [y_norm, y_norm], color=blue, lw=1.3)
+        arrow("stream", norm, (BRANCH_X - BOX_W / 2 - 0.4, y_norm), (BRANCH_X - BOX_W / 2, y_norm), blue)
+        height = 1.15 if sub == "attention" else 0.8
+        text = (f"attention: {n['heads']} query heads over {n['kv']} K/V heads\nsoftmax(q k^T / sqrt({n['head_dim']}), "
+                f"causal) v, then o_proj" if sub == "attention" else
+                f"MLP (SwiGLU): down(silu(gate(x)) * up(x))\ngate, up: {hidden} -> {wide:,}; down: -> {hidden}")
+        box(sub, BRANCH_X, y_sub, BOX_W, text, height=height)
+        arrow(norm, sub, (BRANCH_X, y_norm - 0.3), (BRANCH_X, y_sub + height / 2 + 0.02))
+        # the sublayer's output goes back into the stream: down, then left into the "+"
+        ax.plot([BRANCH_X, BRANCH_X], [y_sub - height / 2 - 0.02, y_add], color="#333333", lw=1.3)
+        arrow(sub, add, (BRANCH_X, y_add), (STREAM_X + 0.2, y_add))
+        ax.add_patch(Circle((STREAM_X, y_add), 0.19, fc="white", ec=blue, lw=1.8, zorder=3))
+        ax.text(STREAM_X, y_add, "+", ha="center", va="center", fontsize=11, color=blue, zorder=4)
+        drawn.edges.append((add, "stream"))
+        shape(BRANCH_X + 0.1, (y_sub - height / 2 + y_add) / 2, f"[1, seq, {hidden}]")
+    # inside attention: RoPE on q and k, and the shapes of what it computes
+    box("rope", 10.0, 9.95, 2.6, "RoPE on q and k", height=0.45)
+    arrow("rope", "attention", (8.7, 9.8), (BRANCH_X + BOX_W / 2 + 0.02, 9.35), "#6a3d9a")
+    shape(7.8, 9.0, f"q       [1, {n['heads']}, seq, {n['head_dim']}]")
+    shape(7.8, 8.68, f"k, v    [1, {n['kv']}, seq, {n['head_dim']}]")
+    shape(7.8, 8.36, f"scores  [1, {n['heads']}, seq, seq]")
+    group = n["heads"] // n["kv"]
+    shape(7.8, 8.04, f"query heads {group}g..{group}g+{group - 1} read K/V head g")
+    shape(BRANCH_X + BOX_W / 2 + 0.15, 5.95, f"[1, seq, {wide:,}] inside")
+    # after the last block: the final norm reads the stream, the tied LM head gives one score per token
+    box("final_norm", STREAM_X + 1.9, 3.6, 5.6, "RMSNorm (norm): the final norm", height=0.55)
+    drawn.edges.append(("stream", "final_norm"))
+    box("lm_head", STREAM_X + 1.9, 2.45, 5.6, f"lm_head: the same [{vocab:,}, {hidden}] table (tied)")
+    arrow("final_norm", "lm_head", (STREAM_X + 1.9, 3.3), (STREAM_X + 1.9, 2.82))
+    box("logits", STREAM_X + 1.9, 1.15, 5.6, "logits: a score per token, per position")
+    arrow("lm_head", "logits", (STREAM_X + 1.9, 2.08), (STREAM_X + 1.9, 1.52))
+    shape(STREAM_X + 4.25, 1.8, f"[1, seq, {vocab:,}]")
+    if here is not None:
+        anchor = drawn.boxes[HERE[here][0]]  # a tag on the top right corner of the first part this notebook covers
+        ax.text(anchor.get_x() + anchor.get_width(), anchor.get_y() + anchor.get_height() + 0.2, "you are here",
+                ha="right", va="center", fontsize=9, color=HIGHLIGHT, fontweight="bold")
+        title = f"Notebook {here}: the parts it covers, highlighted (shapes for one prompt of seq tokens)"
+    else:
+        title = "The model, from text to logits (the notebook that teaches each part; shapes for seq tokens)"
+    ax.set_title(title, fontsize=10)
+    return drawn

@@ -1,0 +1,91 @@
+"""The model with one thing changed (C3, C5, C9): each change reaches every layer, and each shows what it should."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_anatomy import CourseError
+from llm_anatomy.model import ablations
+from llm_anatomy.model.ablations import (cached_vs_full, check_shifted, kv_heads_read, kv_repeated, logits_with,
+                                         mask_off, positions_shifted, relative_change)
+from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.weights.random import random_llama
+
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ScratchLlama.from_hf(random_llama(num_hidden_layers=3))  # 4 query heads over 2 K/V heads
+
+
+def _ids(seq=9, seed=0):
+    return torch.randint(3, 128, (1, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_true_grouping_and_the_copy_change_nothing_a_wrong_grouping_changes_the_logits(model):
+    ids = _ids()
+    plain = logits_with(model, ids)
+    heads, kv = model.cfg.num_heads, model.cfg.num_kv_heads
+    true = logits_with(model, ids, lambda m: kv_heads_read(m, [h // (heads // kv) for h in range(heads)]))
+    wrong = logits_with(model, ids, lambda m: kv_heads_read(m, [h % kv for h in range(heads)]))
+    copied = logits_with(model, ids, kv_repeated)
+    assert relative_change(plain, true) == 0 and relative_change(plain, copied) < 1e-6
+    assert relative_change(plain, wrong) > 1e-2
+    assert torch.equal(logits_with(model, ids), plain)  # nothing is left changed after the block
+
+
+def test_a_change_that_never_reaches_the_model_is_refused(model, monkeypatch):
+    ids = _ids()
+    monkeypatch.setattr(ablations, "_attention_replaced", _never_reaches)
+    with pytest.raises(CourseError, match="reached 0 attention calls"):
+        logits_with(model, ids, kv_repeated)
+    reached = []
+    with pytest.raises(CourseError, match="reached 0 forward passes"):
+        check_shifted(reached)
+
+
+def _never_reaches(model, replacement):
+    import contextlib
+
+    return contextlib.nullcontext([])
+
+
+def test_bad_groupings_and_shifts_are_refused(model):
+    with pytest.raises(CourseError, match="one K/V head"):
+        with kv_heads_read(model, [0, 1]):
+            pass
+    with pytest.raises(CourseError, match="one K/V head"):
+        with kv_heads_read(model, [0, 1, 2, 0]):
+            pass
+    with pytest.raises(CourseError, match="whole number"):
+        with positions_shifted(model, -1):
+            pass
+    with pytest.raises(CourseError, match="at least 2 tokens"):
+        cached_vs_full(model, _ids(1))
+
+
+def test_shifting_every_position_leaves_the_attention_weights_a_swap_changes_them(model):
+    ids = _ids()
+    plain = model.attention_weights(ids, 1)
+    with positions_shifted(model, 500) as reached:
+        shifted = model.attention_weights(ids, 1)
+    check_shifted(reached)
+    assert relative_change(plain, shifted) < 1e-4
+    swapped = ids.clone()
+    swapped[0, [2, 6]] = ids[0, [6, 2]]
+    assert relative_change(plain, model.attention_weights(swapped, 1)) > 1e-2
+    assert torch.equal(model.attention_weights(ids, 1), plain)  # the model's own rope is back
+
+
+def test_with_the_mask_cached_decode_equals_the_full_pass_without_it_they_part_from_layer_1(model):
+    ids = _ids()
+    on = cached_vs_full(model, ids, masked=True)
+    off = cached_vs_full(model, ids, masked=False)
+    assert len(on.per_layer) == model.cfg.num_layers and on.masked and not off.masked
+    assert max(on.per_layer) < 1e-5 and on.logits < 1e-5
+    assert off.per_layer[0] < 1e-5  # layer 0's keys and values come from the embeddings: they cannot go stale
+    assert min(off.per_layer[1:]) > 1e-3 and off.logits > 1e-3
+    with mask_off(model) as reached:
+        model(ids)
+    assert len(reached) == model.cfg.num_layers

@@ -1,0 +1,231 @@
+"""The claim cells of notebooks 02-04, run as the notebook holds them, on the real model: each holds, and each fails
+(ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows the same for a whole notebook run).
+
+Each claim cell here imports what it uses and reads only a few names the notebook made above it (the model, the
+prompt's ids), so a test can run the cell's own source with those names and a piece of the evidence swapped."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_anatomy.claims import ClaimFailed, claim
+from llm_anatomy.model import ablations
+from llm_anatomy.model.scratch import ScratchLlama
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def cell_source(notebook: str, needle: str) -> str:
+    """The source of the one code cell of `notebook` that contains `needle`."""
+    cells = json.loads((NOTEBOOKS / notebook).read_text())["cells"]
+    found = [c for c in cells if c["cell_type"] == "code" and needle in "".join(c["source"])]
+    assert len(found) == 1, f"{notebook}: {len(found)} code cells contain {needle!r}"
+    return "".join(found[0]["source"])
+
+
+def run_cell(source: str, **names) -> dict:
+    namespace = {"claim": claim, "torch": torch, **names}
+    with torch.no_grad():
+        exec(compile(source, "<claim cell>", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def course(real):
+    model = real.model if real.dtype == torch.float32 else copy.deepcopy(real.model).float()
+    return dict(model=model, scratch=ScratchLlama.from_hf(model), tok=real.tokenizer, loaded=real)
+
+
+def _ids(course, text):
+    return course["tok"](text, return_tensors="pt").input_ids  # [1, seq]
+
+
+# 04 · C5: the grouping that matches transformers is h // 3, not h % 3; repeat_kv's copies change nothing
+GQA = ("04_forward_pass.ipynb", 'claim("C5"')
+
+
+def _gqa_names(course):
+    return dict(course, ids=_ids(course, "The capital of France is"))
+
+
+def test_04_gqa_ablation_holds(course):
+    namespace = run_cell(cell_source(*GQA), **_gqa_names(course))
+    assert namespace["wrong_change"] > 0.1 and namespace["copy_change"] <= 1e-5
+
+
+def test_04_gqa_ablation_fails_when_the_wrong_grouping_is_the_true_one(course, monkeypatch):
+    real_read = ablations.kv_heads_read
+    heads, kv = course["scratch"].cfg.num_heads, course["scratch"].cfg.num_kv_heads
+    monkeypatch.setattr(ablations, "kv_heads_read",
+                        lambda model, _: real_read(model, [h // (heads // kv) for h in range(heads)]))
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*GQA), **_gqa_names(course))
+
+
+def test_04_gqa_ablation_fails_when_the_copy_deals_the_heads_out_wrongly(course, monkeypatch):
+    monkeypatch.setattr(ablations, "repeat_kv", lambda x, n_rep: x.repeat(1, n_rep, 1, 1))  # tiles: head h gets h % 3
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*GQA), **_gqa_names(course))
+
+
+def test_04_gqa_ablation_refuses_a_change_that_never_reaches_the_model(course, monkeypatch):
+    monkeypatch.setattr(ablations, "_attention_replaced", lambda model, replacement: contextlib.nullcontext([]))
+    with pytest.raises(Exception, match="reached 0 attention calls"):
+        run_cell(cell_source(*GQA), **_gqa_names(course))
+
+
+# 03 · C9 over the whole model: with the mask, cached decode is the full pass; without it, they part from block 1 on
+CACHE = ("03_attention.ipynb", "cached_vs_full(scratch32, ids, masked=True)")
+
+
+def _cache_names(course):
+    return dict(model=course["model"], loaded=course["loaded"],
+                ids=_ids(course, "The cat sat on the mat because it was tired."))
+
+
+def test_03_whole_model_mask_claim_holds(course):
+    namespace = run_cell(cell_source(*CACHE), **_cache_names(course))
+    assert namespace["off"].per_layer[0] <= 1e-4 < namespace["off"].per_layer[1]
+
+
+def test_03_whole_model_mask_claim_fails_when_switching_the_mask_off_changes_nothing(course, monkeypatch):
+    monkeypatch.setattr(ablations, "mask_off", lambda model: contextlib.nullcontext([1] * 3 * model.cfg.num_layers))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE), **_cache_names(course))
+
+
+def test_03_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    real_attention = scratch_module.attention
+    monkeypatch.setattr(scratch_module, "attention", lambda q, k, v, **kw: real_attention(q, k, v, **{**kw, "causal": False}))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE), **_cache_names(course))
+
+
+# 03 · C5: the heads of one layer look for different relations (per-head statistics, deterministic in fp32)
+HEADS = ("03_attention.ipynb", "to_previous, to_itself = int(previous.argmax())")
+
+
+def _heads_names(course, weights=None):
+    text_ids = _ids(course, "The cat sat on the mat because it was tired. The cat")
+    w = course["scratch"].attention_weights(text_ids, 11)[0] if weights is None else weights  # [9, seq, seq]
+    return dict(w=w, H=course["scratch"].cfg.num_heads, layer=11)
+
+
+def test_03_head_statistics_claim_holds(course):
+    namespace = run_cell(cell_source(*HEADS), **_heads_names(course))
+    assert namespace["to_previous"] != namespace["to_itself"]
+
+
+def test_03_head_statistics_claim_fails_when_every_head_looks_alike(course):
+    w = _heads_names(course)["w"]
+    alike = w[1:2].expand_as(w).clone()  # every head a copy of head 1
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*HEADS), **_heads_names(course, alike))
+    seq = w.shape[-1]
+    uniform = torch.ones(seq, seq).tril()
+    uniform = (uniform / uniform.sum(-1, keepdim=True)).expand_as(w)  # every query spreads its weight evenly
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*HEADS), **_heads_names(course, uniform))
+
+
+# 02 · C3 on the model: shifted positions leave a layer's attention weights, swapped tokens change them
+SHIFT = ("02_embeddings_and_positions.ipynb", "positions_shifted(scratch32, shift)")
+
+
+def _shift_names(course):
+    return dict(model=course["model"], loaded=course["loaded"], tok=course["tok"])
+
+
+def test_02_shifted_positions_claim_holds(course):
+    namespace = run_cell(cell_source(*SHIFT), **_shift_names(course))
+    assert namespace["shift_change"] <= 1e-4 < 1e-2 < namespace["swap_change"]
+
+
+def test_02_shifted_positions_claim_fails_for_a_model_that_reads_absolute_positions(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    real_rope = scratch_module.apply_rope
+    # an absolute position signal added to queries and keys, as a learned position table would add one
+    monkeypatch.setattr(scratch_module, "apply_rope", lambda x, cos, sin: real_rope(x, cos, sin) + cos)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*SHIFT), **_shift_names(course))
+
+
+def test_02_shifted_positions_claim_refuses_a_shift_that_never_reached_the_model(course, monkeypatch):
+    monkeypatch.setattr(ablations, "positions_shifted", lambda model, shift: contextlib.nullcontext([]))
+    with pytest.raises(Exception, match="reached 0 forward passes"):
+        run_cell(cell_source(*SHIFT), **_shift_names(course))
+
+
+# 02 · C3: interleaved RoPE on permuted q/k rows gives rotate-half's scores; on the stored rows it does not
+PAIRING = ("02_embeddings_and_positions.ipynb", "interleaved on the permuted rows")
+
+
+def _pairing_names(course):
+    from llm_anatomy.model.embeddings import embedding_table
+    from llm_anatomy.model.rope import rope_frequencies
+
+    cfg, model = course["loaded"].config, course["model"]
+    attn0, norm0 = model.model.layers[0].self_attn, model.model.layers[0].input_layernorm
+    emb = embedding_table(course["loaded"])[course["tok"].encode(" cat", add_special_tokens=False)[0]].float()
+    h = emb * torch.rsqrt(emb.pow(2).mean() + norm0.variance_epsilon) * norm0.weight.float()  # as the notebook's RMSNorm
+    head_dim, theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+    return dict(attn0=attn0, h=h, head_dim=head_dim, theta=theta, freqs=rope_frequencies(head_dim, theta),
+                q_cat=attn0.q_proj.weight[:head_dim].float() @ h)
+
+
+def test_02_pairing_claim_holds(course):
+    namespace = run_cell(cell_source(*PAIRING), **_pairing_names(course))
+    assert abs(namespace["wrong"] - namespace["half"]) > 1e-2 * abs(namespace["half"])
+
+
+def test_02_pairing_claim_fails_when_the_library_pairs_neighbours(course, monkeypatch):
+    from llm_anatomy.model import rope as rope_module
+
+    real_apply = rope_module.apply_rope
+    order = torch.stack([torch.arange(32), torch.arange(32) + 32], dim=1).flatten()
+    back = order.argsort()
+
+    def interleaved(x, cos, sin):  # neighbours (2i, 2i + 1) turned together: the stored rows read the wrong way
+        return real_apply(x[..., back], cos, sin)[..., order]
+
+    monkeypatch.setattr(rope_module, "apply_rope", interleaved)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*PAIRING), **_pairing_names(course))
+
+
+# 03 · an induction head: from the second " cat", one head looks at the token after the first " cat"
+INDUCTION = ("03_attention.ipynb", "after_first = where[0] + 1")
+
+
+def _induction_names(course, text):
+    from llm_anatomy.views.labels import token_labels
+
+    text_ids = _ids(course, text)
+    return dict(tok=course["tok"], scratch=course["scratch"], cfg=course["loaded"].config, text_ids=text_ids,
+                text_names=token_labels(course["tok"], text_ids[0]), H=course["scratch"].cfg.num_heads)
+
+
+def test_03_induction_head_claim_holds(course):
+    namespace = run_cell(cell_source(*INDUCTION),
+                         **_induction_names(course, "The cat sat on the mat because it was tired. The cat"))
+    assert namespace["row"][namespace["after_first"]] > 0.5
+
+
+def test_03_induction_head_claim_fails_when_nothing_is_repeated(course):
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):  # one " cat" only: there is nothing to copy from
+        run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat because it was tired. The dog"))
+
+
+def test_03_induction_head_copies_whatever_followed_last_time(course):
+    # what makes it an induction head: after a different context, the second " cat" still looks at " sat"
+    namespace = run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat. A dog ran, cat"))
+    assert namespace["text_names"][namespace["after_first"]] == "·sat"
