@@ -68,6 +68,15 @@ def test_format_errors_and_sizes():
         q.quantize_int4_groupwise(torch.randn(4, 576), group_size=3)
     with pytest.raises(CourseError, match="2-D"):
         q.quantize_int8_per_channel(torch.randn(10))
+    for bad in (float("nan"), float("inf")):
+        w = torch.randn(4, 64)
+        w[2, 5] = bad
+        for quantize in (q.quantize_int8_per_channel, q.quantize_int4_groupwise):
+            with pytest.raises(CourseError, match="NaN or infinite"):
+                quantize(w)
+    for bad in (32.0, True, "32"):
+        with pytest.raises(CourseError, match="group size"):
+            q.quantize_int4_groupwise(torch.randn(4, 64), group_size=bad)
     assert q.bytes_per_weight("fp32") == 4 and q.bytes_per_weight("bf16") == 2
     assert q.bytes_per_weight("int8", in_features=576) == 1 + 4 / 576
     assert q.bytes_per_weight("int4", group_size=32) == 0.75 and q.bytes_per_weight("q4_1") == 0.625
@@ -119,7 +128,7 @@ def test_fake_quantization_restores_the_weights(real, scratch):
         assert torch.equal(theirs.weight, copy)  # the transformers model is untouched
     assert ours.weight is before
     head, embedding = scratch.lm_head.weight, scratch.embed_tokens.weight
-    with q.quantize_model_weights(scratch, "int8", include_head=True) as changed:
+    with q.quantize_model_weights(scratch, "int8", head_fmt="int8") as changed:
         assert changed == _block_weights(scratch.cfg) + scratch.lm_head.weight.numel()
         assert scratch.lm_head.weight is not head and scratch.embed_tokens.weight is embedding  # lookups stay exact
     assert scratch.lm_head.weight is head is scratch.embed_tokens.weight  # tied again
@@ -129,6 +138,13 @@ def test_fake_quantization_restores_the_weights(real, scratch):
     with pytest.raises(CourseError, match="int3"), q.quantize_model_weights(scratch, "int3"):
         pass
     assert ours.weight is before
+    ours.weight.data[0, 0] = float("nan")  # a broken weight: refused before anything is swapped
+    try:
+        with pytest.raises(CourseError, match="NaN"), q.quantize_model_weights(scratch, "int8"):
+            pass
+        assert ours.weight is before
+    finally:
+        ours.weight.data[0, 0] = copy[0, 0]
 
 
 def test_int8_weights_keep_the_models_predictions(real, scratch, passage):

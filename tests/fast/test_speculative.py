@@ -100,6 +100,20 @@ def test_eos_stops_and_bad_input_is_refused(tiny):
         speculative_generate(tiny, ids.expand(2, -1), 4, PromptLookupDraft(), 2)
     with pytest.raises(CourseError, match="new_tokens"):
         speculative_generate(tiny, ids, 0, PromptLookupDraft(), 2)
+    room = tiny.cfg.max_position_embeddings - ids.shape[1]
+    with pytest.raises(CourseError, match=f"context of {tiny.cfg.max_position_embeddings} positions.*at most {room}"):
+        speculative_generate(tiny, ids, room + 1, PromptLookupDraft(), 2)
+
+
+class _TooLongDraft(PromptLookupDraft):
+    def draft(self, context, k, settings=None, generator=None):
+        return [5] * (k + 3), None  # more tokens than asked for
+
+
+def test_a_draft_longer_than_asked_is_refused(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    with pytest.raises(CourseError, match="proposed 7 tokens when asked for at most 4"):
+        speculative_generate(tiny, ids, 10, _TooLongDraft(), 4)
 
 
 def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real):

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CourseError
-from ..measure.quality import greedy_agreement, logit_kl, perplexity  # noqa: F401  notebook 09 reads them as q.*
 from ..weights.load import transformers_model
 from ..measure.timing import time_interleaved
 
@@ -35,6 +34,9 @@ from ..measure.timing import time_interleaved
 def _matrix(w: torch.Tensor) -> torch.Tensor:
     if not isinstance(w, torch.Tensor) or w.ndim != 2 or not w.is_floating_point():
         raise CourseError("Pass a weight matrix: a 2-D float tensor [out_features, in_features].")
+    if not bool(torch.isfinite(w).all()):
+        raise CourseError("The weights hold NaN or infinite values: no scale can store them; check where they came "
+                          "from (a failed load, an overflow in fp16) before quantizing.")
     return w.detach().float()
 
 
@@ -55,26 +57,32 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale[:, None]
 
 
-def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit codes per group of `group_size` neighbouring weights of a row, like Q4_1.
+def int4_codes(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes per group of `group_size` neighbouring weights of a row, the grid of Q4_1.
 
     Per group: minimum = min(w), scale = (max(w) - minimum) / 15, code = round((w - minimum) / scale)
-    in 0..15, so each weight moves by at most scale / 2. Two codes share a byte: code 2i in the low
-    nibble, code 2i + 1 in the high one (GGML pairs weight j with weight j + 16 instead).
-    w [out, in] -> codes [out, in // 2] uint8, scale and minimum [out, in // group_size] fp32.
+    in 0..15, so each weight moves by at most scale / 2 and comes back as code * scale + minimum.
+    w [out, in] -> codes [out, in] uint8 (one code a byte, not packed), scale and minimum [out, in // group_size] fp32.
     """
     w = _matrix(w)  # [out, in]
     out_f, in_f = w.shape
-    if group_size < 2 or group_size % 2 or in_f % group_size:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2 \
+            or in_f % group_size:
         fits = [g for g in (16, 32, 64, 128, 256) if in_f % g == 0]
-        raise CourseError(f"The group size must be even and divide the row length {in_f}; {group_size} does not: "
+        raise CourseError(f"The group size must be even and divide the row length {in_f}; {group_size!r} does not: "
                           f"try {' or '.join(map(str, fits[-3:])) or 2}.")
     groups = w.reshape(out_f, in_f // group_size, group_size)  # [out, groups, group_size]
     minimum = groups.amin(dim=-1)  # [out, groups]
     scale = (groups.amax(dim=-1) - minimum) / 15  # [out, groups]
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: code 0 is exact
     codes = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
-    codes = codes.reshape(out_f, in_f)  # [out, in]
+    return codes.reshape(out_f, in_f), scale, minimum
+
+
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int4_codes with two codes a byte: code 2i in the low nibble, code 2i + 1 in the high one (GGML pairs weight j
+    with weight j + 16 instead). w [out, in] -> codes [out, in // 2] uint8, scale and minimum [out, groups] fp32."""
+    codes, scale, minimum = int4_codes(w, group_size)  # [out, in]
     return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, minimum  # packed: [out, in // 2]
 
 
@@ -122,34 +130,35 @@ def fake_quantize(w: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tens
 
 
 @contextlib.contextmanager
-def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, include_head: bool = False):
+def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, head_fmt: str | None = None):
     """Inside the with-block, every Linear weight in the model's blocks is its `fmt` round trip.
 
     Fake quantization: the weights stay fp32 but take only values the format can store, so the
     outputs show the quality lost (not the speed gained). The embedding stays; the LM head too, unless
-    include_head (then only the head's copy is quantized: embedding lookups keep the exact rows).
-    The originals come back when the block ends, even after an error. Given a ScratchLlama, the
-    transformers model it shares its weights with is never touched. Yields the number of weights changed.
+    head_fmt names a format for it ("int8", as the course's file keeps its head at 8 bits; then only the head's
+    copy is quantized: embedding lookups keep the exact rows). The originals come back when the block ends, even
+    after an error. Given a ScratchLlama, the transformers model it shares its weights with is never touched.
+    Yields the number of weights changed.
     """
     module = transformers_model(model)
     blocks = module.layers if hasattr(module, "layers") else getattr(module.get_decoder(), "layers", None) \
         if hasattr(module, "get_decoder") else None  # a ScratchLlama's blocks, or a transformers model's
     if blocks is None:
         raise CourseError("Pass a ScratchLlama or a transformers Llama model: this one has no .layers.")
-    linears = [module for module in blocks.modules() if isinstance(module, nn.Linear)]
-    if include_head:
+    linears = [(module, fmt) for module in blocks.modules() if isinstance(module, nn.Linear)]
+    if head_fmt is not None:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear):
-            raise CourseError("include_head needs a model whose lm_head is a Linear layer (a ScratchLlama).")
-        linears.append(head)
-    originals = [module.weight for module in linears]
-    fake = [fake_quantize(module.weight, fmt, group_size) for module in linears]  # may raise: nothing changed yet
+            raise CourseError("head_fmt needs a model whose lm_head is a Linear layer (a ScratchLlama).")
+        linears.append((head, head_fmt))
+    originals = [module.weight for module, _ in linears]
+    fake = [fake_quantize(module.weight, f, group_size) for module, f in linears]  # may raise: nothing changed yet
     try:
-        for module, w in zip(linears, fake):
+        for (module, _), w in zip(linears, fake):
             module.weight = nn.Parameter(w, requires_grad=False)  # a new tensor: the original stays intact
         yield sum(w.numel() for w in fake)
     finally:
-        for module, w in zip(linears, originals):
+        for (module, _), w in zip(linears, originals):
             module.weight = w
 
 

@@ -178,6 +178,10 @@ def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft
         raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
         raise CourseError(f"Speculative decoding here runs one sequence: prompt_ids [1, seq], not {tuple(prompt_ids.shape)}.")
+    context = getattr(getattr(model, "cfg", None), "max_position_embeddings", None)
+    if context is not None and prompt_ids.shape[1] + new_tokens > context:
+        raise CourseError(f"The prompt's {prompt_ids.shape[1]} tokens and {new_tokens} new ones pass the model's context "
+                          f"of {context} positions: ask for at most {max(context - prompt_ids.shape[1], 0)} new tokens.")
     seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, settings, generator,
                                               eos_token_id), prompt_ids.device)
     result.seconds = seconds
@@ -196,7 +200,9 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
         seen = context + result.tokens
         drafts, q = draft.draft(seen, min(k, room), settings, generator) if room else ([], None)
-        drafts = drafts[:room]
+        if len(drafts) > min(k, room):  # the pass, the cache and q are sized for at most k drafts
+            raise CourseError(f"The draft proposed {len(drafts)} tokens when asked for at most {min(k, room)}: "
+                              "a draft's draft(context, k, ...) must return k tokens or fewer.")
         before = cache.length
         ids = torch.tensor([[result.tokens[-1]] + drafts], device=prompt_ids.device)  # [1, 1 + drafts]
         # the verify pass: a prefill of the last token and the drafts that keeps every position's logits
