@@ -8,25 +8,22 @@ code, plus a few floats per group of weights that turn the codes back into numbe
 
 Decoding reads every weight once per token, so fewer bytes per weight means fewer bytes per token
 and a smaller download; the price is that each weight moves to the nearest value its group can store.
-The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves
-(measure/quality.py measures the damage: KL divergence, top-1 agreement, perplexity); 2. we time a real
-int8 matmul kernel (fewer bytes turn into less time only where a kernel reads the packed codes); 3. we
-quantize the KV cache.
+The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves, and
+round-trip a model's weights through a format (fake quantization: measure/quality.py measures the damage, KL
+divergence, top-1 agreement, perplexity); 2. we quantize the KV cache. Fake quantization computes in fp32, so it
+shows quality, never time: packed.py runs the whole model on kernels that read the codes themselves.
 Sizes are in bytes, errors in the weights' own units, KL divergence in nats, times in seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CourseError
 from ..weights.load import transformers_model
-from ..measure.timing import time_interleaved
 
 # --------------------------------------------------------------------------- 1. quantizing weights ourselves
 
@@ -162,72 +159,7 @@ def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, hea
             module.weight = w
 
 
-# --------------------------------------------------------------------------- 2. an int8 kernel
-
-
-def int8_matmul_available() -> tuple[bool, str]:
-    """Whether this PyTorch runs an int8-weight matmul on the CPU: (True, "") or (False, why not)."""
-    kernel = getattr(torch, "_weight_int8pack_mm", None)
-    if kernel is None:
-        return False, f"torch {torch.__version__} has no torch._weight_int8pack_mm."
-    try:
-        kernel(torch.ones(1, 32, dtype=torch.bfloat16), torch.ones(8, 32, dtype=torch.int8),
-               torch.ones(8, dtype=torch.bfloat16))
-    except (RuntimeError, NotImplementedError) as err:
-        return False, f"torch._weight_int8pack_mm does not run here ({str(err).splitlines()[0]})."
-    return True, ""
-
-
-def int8_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, activations: str = "bf16") -> torch.Tensor:
-    """x [m, k] @ (codes [n, k] int8 * scale [n]).T -> [m, n] fp32, the kernel reading the weights as int8.
-
-    activations="bf16" passes x and scale as bf16, the case PyTorch's CPU kernel has a fast path for;
-    "fp32" passes them as they are, which takes a generic loop (many times slower on the CPUs we tried).
-    """
-    if activations not in ("bf16", "fp32"):
-        raise CourseError(f"activations must be 'bf16' or 'fp32', not {activations!r}.")
-    dtype = torch.bfloat16 if activations == "bf16" else torch.float32
-    return torch._weight_int8pack_mm(x.to(dtype).contiguous(), codes.contiguous(), scale.to(dtype).contiguous()).float()
-
-
-@dataclass
-class KernelTiming:
-    """Median seconds of x @ W.T over `layers` different weight matrices, read three ways."""
-
-    int8_seconds: float  # W in int8, x in bf16: the kernel's fast path
-    int8_fp32_activations_seconds: float  # W in int8, x in fp32: the same kernel's generic path
-    fp32_seconds: float  # W in fp32 (dequantized: the same numbers at 4 bytes each), as nn.Linear reads it
-    max_relative_difference: float  # max |int8 result - fp32 result| / max |fp32 result|
-    weight_bytes_fp32: int  # bytes of the fp32 matrices read per call (int8: a quarter, plus the scales)
-
-
-def time_int8_vs_fp32(m: int, k: int, n: int, repeats: int = 20, layers: int = 1) -> tuple[KernelTiming | None, str]:
-    """Time x [m, k] @ W.T for random W [n, k] in int8 and in fp32: (KernelTiming, "") or (None, why not).
-
-    m = 1 is decoding one token: then the time is mostly reading W, and int8 reads a quarter of the bytes.
-    layers > 1 uses that many different matrices in a row, as a model does: enough of them (more bytes than
-    the CPU's last-level cache) makes each read come from memory, not from the cache.
-    """
-    ok, why = int8_matmul_available()
-    if not ok:
-        return None, why
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(m, k, generator=gen)  # [m, k]
-    packed = [quantize_int8_per_channel(torch.randn(n, k, generator=gen) * 0.02) for _ in range(layers)]
-    weights = [dequantize_int8(codes, scale) for codes, scale in packed]  # [n, k] fp32 each
-    x16 = x.to(torch.bfloat16)
-    packed16 = [(codes, scale.to(torch.bfloat16)) for codes, scale in packed]  # converted once, outside the timing
-    runs = {"int8": lambda: [torch._weight_int8pack_mm(x16, c, s) for c, s in packed16],
-            "int8_fp32": lambda: [torch._weight_int8pack_mm(x, c, s) for c, s in packed],
-            "fp32": lambda: [F.linear(x, w) for w in weights]}
-    timings = time_interleaved(runs, warmup=1, repeats=repeats)  # in turns, so a busy moment slows all three alike
-    seconds = {name: t.median_s for name, t in timings.items()}
-    exact = x @ weights[0].T  # [m, n]
-    diff = ((int8_matmul(x, *packed[0]) - exact).abs().max() / exact.abs().max()).item()
-    return KernelTiming(seconds["int8"], seconds["int8_fp32"], seconds["fp32"], diff, layers * n * k * 4), ""
-
-
-# --------------------------------------------------------------------------- 3. the KV cache in int8
+# --------------------------------------------------------------------------- 2. the KV cache in int8
 
 
 def quantize_kv_int8(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
