@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -145,6 +146,7 @@ class SpeculativeResult:
     accepted: int = 0  # draft tokens kept
     rejections: int = 0  # rounds that stopped at a rejected draft
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)  # the width of each verify pass is 1 + this
     rounds_without_draft: int = 0  # rounds with room for drafts in which the draft proposed none (no match)
     prefill_s: float = 0.0  # wall time of the prefill and the first token, seconds
     seconds: float = 0.0  # wall time of the whole generation, prefill included
@@ -216,6 +218,7 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         result.rejections += kept < len(drafts)
         result.rounds_without_draft += room > 0 and not drafts
         result.accepted_per_round.append(kept)
+        result.drafted_per_round.append(len(drafts))
         result.tokens += drafts[:kept] + [token]
     if eos_token_id in result.tokens:
         result.tokens = result.tokens[:result.tokens.index(eos_token_id) + 1]
@@ -255,6 +258,30 @@ def predicted_speedup(acceptance: float, k: int, verify_cost: float, draft_cost:
     draft_cost: time of one draft token in decode steps (0 for prompt lookup).
     """
     return expected_tokens_per_round(acceptance, k) / (verify_cost + k * draft_cost)
+
+
+def predicted_from_widths(result: SpeculativeResult, widths: list[int], pass_costs: list[float]) -> float:
+    """The speedup a run's own rounds predict: its tokens after the first / the cost of its passes, each priced at its
+    real width (1 + the drafts it verified; a round that found no draft is a plain step, width 1), in decode steps.
+    widths, pass_costs: measured costs of a pass over that many tokens (1 at width 1), interpolated between."""
+    if len(widths) != len(pass_costs) or not widths or sorted(widths) != list(widths):
+        raise CourseError("Give the measured pass costs as increasing widths and one cost each, e.g. [1, 3], [1.0, 1.2].")
+    cost = sum(float(np.interp(1 + d, widths, pass_costs)) for d in result.drafted_per_round)
+    return (len(result.tokens) - 1) / cost if cost else 1.0
+
+
+def leviathan_speedup(acceptance: float, k: int, c: float) -> float:
+    """Leviathan et al. (2023)'s expected speedup, (1 - a^(k+1)) / ((1 - a)(k c + 1)): c is one draft token's cost over
+    one step of the model, and the verify pass is priced as one step (memory-bound: k + 1 tokens cost one read)."""
+    if c < 0:
+        raise CourseError(f"A draft's cost c is a time ratio, 0 or more, not {c}.")
+    return expected_tokens_per_round(acceptance, k) / (k * c + 1)
+
+
+def best_draft_length(acceptance: float, c: float, k_max: int = 16) -> int:
+    """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance
+    rate want long drafts; a costly one, short)."""
+    return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c))
 
 
 # --------------------------------------------------------------------------- a task whose answer copies its input
