@@ -19,8 +19,22 @@ def test_json_has_every_figure(quick_json):
     r = quick_json
     assert r["device"] == "cpu" and r["model"] == "tiny" and r["threads"] == 1 and positive(r["read_bandwidth_bytes_per_s"])
     d = r["decode"]
-    assert set(d["tokens_per_s"]) == {"transformers", "plain", "fused", "fused_in_out"}
+    packed = r["packed"]
+    assert set(packed) == {"int8", "int4"}
+    ran = {fmt for fmt, row in packed.items() if "equal_prefix" in row}
+    assert "int8" in ran  # the tiny model's rows fit int8; int4 may be refused (group size) with a reason
+    assert set(d["tokens_per_s"]) == {"transformers", "plain", "fused", "fused_in_out"} | ran
+    for fmt, row in packed.items():
+        assert (fmt in ran) == bool(row["kernel"]) and (row["kernel"] or row["why_not"])
+        if fmt in ran:
+            assert row["tokens_compared"] == 16 and 0 <= row["equal_prefix"] <= 16 and 0 <= row["agreement"] <= 1
+            assert row["first_32_equal"] is (row["equal_prefix"] == 16)  # 16 < 32 tokens compared: all of them
+    assert d["fastest_of_all"] in d["tokens_per_s"] and positive(d["fastest_vs_fused_fp32"])
     assert all(positive(v) for v in d["tokens_per_s"].values()) and d["same_tokens"] is True
+    assert set(r["bandwidth"]["by_variant"]) == set(d["tokens_per_s"]) - {"transformers"}
+    if "int8" in ran:
+        by = r["bandwidth"]["by_variant"]
+        assert by["int8"]["bytes_per_token"] < 0.5 * by["fused"]["bytes_per_token"]  # a byte a weight, not four
     assert d["spread"] == dict.fromkeys(d["tokens_per_s"])  # one timed run each (--quick): no spread to tell (null)
     assert d["fastest"] in ("plain", "fused", "fused_in_out") and positive(d["fused_vs_transformers"])
     assert positive(r["bandwidth"]["fraction_of_read_bandwidth"])
@@ -32,16 +46,16 @@ def test_json_has_every_figure(quick_json):
     t = r["tiled_attention"]
     assert t["prompt_tokens"] == 512 and t["max_abs_difference"] < 1e-5
     assert t["tiled_peak_bytes"] < t["plain_peak_bytes"] and 0 < t["ratio"] < 1
-    k = r["int8_kernel"]
-    assert k["available"] is False or all(positive(k[key]) for key in ("fp32_ms", "int8_bf16_activations_ms"))
     assert set(r["targets"]) == {"fused_vs_transformers", "decode_read_bandwidth_fraction", "prompt_lookup_speedup",
-                                 "tiled_peak_memory_ratio_4096"}
+                                 "tiled_peak_memory_ratio_4096", "fastest_decode_tokens_per_s", "fastest_vs_fused_fp32",
+                                 "int8_first_32_tokens_equal"}
     assert "static_step" not in r  # no --compile, no GPU
 
 
 def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
-    for words in ("transformers generate", "fused projections", "read bandwidth", "prompt lookup", "tiled", "targets:"):
+    for words in ("transformers generate", "fused projections", "packed int8", "read bandwidth", "prompt lookup", "tiled",
+                  "targets:"):
         assert words in text
 
 

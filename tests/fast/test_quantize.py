@@ -1,5 +1,5 @@
 """Tests for quantize.py: our int8/int4 formats, fake quantization of the real model and its quality cost,
-the int8 kernel and the int8 KV cache. (The GGUF file by hand: tests/fast/test_gguf_blocks.py.)"""
+and the int8 KV cache. (The GGUF file by hand: tests/fast/test_gguf_blocks.py.)"""
 
 from __future__ import annotations
 
@@ -68,6 +68,15 @@ def test_format_errors_and_sizes():
         q.quantize_int4_groupwise(torch.randn(4, 576), group_size=3)
     with pytest.raises(CourseError, match="2-D"):
         q.quantize_int8_per_channel(torch.randn(10))
+    for bad in (float("nan"), float("inf")):
+        w = torch.randn(4, 64)
+        w[2, 5] = bad
+        for quantize in (q.quantize_int8_per_channel, q.quantize_int4_groupwise):
+            with pytest.raises(CourseError, match="NaN or infinite"):
+                quantize(w)
+    for bad in (32.0, True, "32"):
+        with pytest.raises(CourseError, match="group size"):
+            q.quantize_int4_groupwise(torch.randn(4, 64), group_size=bad)
     assert q.bytes_per_weight("fp32") == 4 and q.bytes_per_weight("bf16") == 2
     assert q.bytes_per_weight("int8", in_features=576) == 1 + 4 / 576
     assert q.bytes_per_weight("int4", group_size=32) == 0.75 and q.bytes_per_weight("q4_1") == 0.625
@@ -119,7 +128,7 @@ def test_fake_quantization_restores_the_weights(real, scratch):
         assert torch.equal(theirs.weight, copy)  # the transformers model is untouched
     assert ours.weight is before
     head, embedding = scratch.lm_head.weight, scratch.embed_tokens.weight
-    with q.quantize_model_weights(scratch, "int8", include_head=True) as changed:
+    with q.quantize_model_weights(scratch, "int8", head_fmt="int8") as changed:
         assert changed == _block_weights(scratch.cfg) + scratch.lm_head.weight.numel()
         assert scratch.lm_head.weight is not head and scratch.embed_tokens.weight is embedding  # lookups stay exact
     assert scratch.lm_head.weight is head is scratch.embed_tokens.weight  # tied again
@@ -129,6 +138,13 @@ def test_fake_quantization_restores_the_weights(real, scratch):
     with pytest.raises(CourseError, match="int3"), q.quantize_model_weights(scratch, "int3"):
         pass
     assert ours.weight is before
+    ours.weight.data[0, 0] = float("nan")  # a broken weight: refused before anything is swapped
+    try:
+        with pytest.raises(CourseError, match="NaN"), q.quantize_model_weights(scratch, "int8"):
+            pass
+        assert ours.weight is before
+    finally:
+        ours.weight.data[0, 0] = copy[0, 0]
 
 
 def test_int8_weights_keep_the_models_predictions(real, scratch, passage):
@@ -151,35 +167,7 @@ def test_int8_weights_keep_the_models_predictions(real, scratch, passage):
     assert int4_kl > 10 * int8_kl  # groups of 64 lose much more: measured 0.35 nats
 
 
-# --------------------------------------------------------------------------- 2. the int8 kernel
-
-
-def test_int8_kernel_matches_the_dequantized_matmul():
-    ok, why = q.int8_matmul_available()
-    if not ok:
-        pytest.skip(why)
-    x = torch.randn(4, 576)
-    codes, scale = q.quantize_int8_per_channel(torch.randn(1536, 576) * 0.02)
-    expected = x @ q.dequantize_int8(codes, scale).T  # [4, 1536]
-    got = q.int8_matmul(x, codes, scale)
-    assert got.dtype == torch.float32 and got.shape == (4, 1536)
-    assert (got - expected).abs().max() < 0.01 * expected.abs().max()  # x and the scales pass through bf16
-    assert (q.int8_matmul(x, codes, scale, activations="fp32") - expected).abs().max() < 1e-4 * expected.abs().max()
-    with pytest.raises(CourseError, match="activations"):
-        q.int8_matmul(x, codes, scale, activations="int8")
-    timing, why = q.time_int8_vs_fp32(1, 576, 1536, repeats=3, layers=2)
-    assert why == "" and min(timing.int8_seconds, timing.int8_fp32_activations_seconds, timing.fp32_seconds) > 0
-    assert timing.max_relative_difference < 0.01 and timing.weight_bytes_fp32 == 2 * 1536 * 576 * 4
-
-
-def test_int8_kernel_missing_is_reported(monkeypatch):
-    monkeypatch.delattr(torch, "_weight_int8pack_mm", raising=False)
-    assert q.int8_matmul_available()[0] is False
-    timing, why = q.time_int8_vs_fp32(1, 64, 64)
-    assert timing is None and "_weight_int8pack_mm" in why
-
-
-# --------------------------------------------------------------------------- 3. the KV cache
+# ------------------------------------------------- 2. the KV cache (the int8 weight kernels: tests/fast/test_packed.py)
 
 
 def test_kv_cache_int8_round_trip(scratch, passage):

@@ -100,6 +100,20 @@ def test_eos_stops_and_bad_input_is_refused(tiny):
         speculative_generate(tiny, ids.expand(2, -1), 4, PromptLookupDraft(), 2)
     with pytest.raises(CourseError, match="new_tokens"):
         speculative_generate(tiny, ids, 0, PromptLookupDraft(), 2)
+    room = tiny.cfg.max_position_embeddings - ids.shape[1]
+    with pytest.raises(CourseError, match=f"context of {tiny.cfg.max_position_embeddings} positions.*at most {room}"):
+        speculative_generate(tiny, ids, room + 1, PromptLookupDraft(), 2)
+
+
+class _TooLongDraft(PromptLookupDraft):
+    def draft(self, context, k, settings=None, generator=None):
+        return [5] * (k + 3), None  # more tokens than asked for
+
+
+def test_a_draft_longer_than_asked_is_refused(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    with pytest.raises(CourseError, match="proposed 7 tokens when asked for at most 4"):
+        speculative_generate(tiny, ids, 10, _TooLongDraft(), 4)
 
 
 def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real):
@@ -201,3 +215,20 @@ def test_expected_tokens_and_predicted_speedup():
     assert predicted_speedup(0.8, 4, verify_cost=1.2, draft_cost=0.2) == pytest.approx(3.3616 / 2.0)
     with pytest.raises(CourseError, match="between 0 and 1"):
         expected_tokens_per_round(1.5, 3)
+
+
+def test_the_cost_model_prices_each_round_at_its_own_width():
+    from llm_anatomy.fast.speculative import (SpeculativeResult, best_draft_length, leviathan_speedup,
+                                              predicted_from_widths)
+
+    run = SpeculativeResult(tokens=list(range(1 + 3 + 1 + 5)), rounds=3, drafted_per_round=[4, 0, 4],
+                            accepted_per_round=[2, 0, 4])  # 3 + 1 + 5 new tokens after the first
+    # widths 5, 1 and 5: costs 1.5, 1.0 and 1.5 decode steps (1.5 interpolated between widths 3 and 9)
+    assert predicted_from_widths(run, [1, 3, 9], [1.0, 1.25, 2.0]) == pytest.approx(9 / 4.0)
+    with pytest.raises(CourseError, match="increasing widths"):
+        predicted_from_widths(run, [3, 1], [1.0, 1.2])
+    assert leviathan_speedup(0.0, 4, 0.0) == 1.0  # nothing accepted, free draft: plain speed
+    assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+    assert best_draft_length(0.9, 0.01) > best_draft_length(0.9, 0.3) >= best_draft_length(0.5, 0.3)
+    with pytest.raises(CourseError, match="cost c"):
+        leviathan_speedup(0.5, 2, -1)

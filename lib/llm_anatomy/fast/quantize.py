@@ -8,26 +8,22 @@ code, plus a few floats per group of weights that turn the codes back into numbe
 
 Decoding reads every weight once per token, so fewer bytes per weight means fewer bytes per token
 and a smaller download; the price is that each weight moves to the nearest value its group can store.
-The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves
-(measure/quality.py measures the damage: KL divergence, top-1 agreement, perplexity); 2. we time a real
-int8 matmul kernel (fewer bytes turn into less time only where a kernel reads the packed codes); 3. we
-quantize the KV cache.
+The course's own file is read by hand in gguf_blocks.py. Here: 1. we quantize fp32 weights ourselves, and
+round-trip a model's weights through a format (fake quantization: measure/quality.py measures the damage, KL
+divergence, top-1 agreement, perplexity); 2. we quantize the KV cache. Fake quantization computes in fp32, so it
+shows quality, never time: packed.py runs the whole model on kernels that read the codes themselves.
 Sizes are in bytes, errors in the weights' own units, KL divergence in nats, times in seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CourseError
-from ..measure.quality import greedy_agreement, logit_kl, perplexity  # noqa: F401  notebook 09 reads them as q.*
 from ..weights.load import transformers_model
-from ..measure.timing import time_interleaved
 
 # --------------------------------------------------------------------------- 1. quantizing weights ourselves
 
@@ -35,6 +31,9 @@ from ..measure.timing import time_interleaved
 def _matrix(w: torch.Tensor) -> torch.Tensor:
     if not isinstance(w, torch.Tensor) or w.ndim != 2 or not w.is_floating_point():
         raise CourseError("Pass a weight matrix: a 2-D float tensor [out_features, in_features].")
+    if not bool(torch.isfinite(w).all()):
+        raise CourseError("The weights hold NaN or infinite values: no scale can store them; check where they came "
+                          "from (a failed load, an overflow in fp16) before quantizing.")
     return w.detach().float()
 
 
@@ -55,26 +54,32 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale[:, None]
 
 
-def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit codes per group of `group_size` neighbouring weights of a row, like Q4_1.
+def int4_codes(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit codes per group of `group_size` neighbouring weights of a row, the grid of Q4_1.
 
     Per group: minimum = min(w), scale = (max(w) - minimum) / 15, code = round((w - minimum) / scale)
-    in 0..15, so each weight moves by at most scale / 2. Two codes share a byte: code 2i in the low
-    nibble, code 2i + 1 in the high one (GGML pairs weight j with weight j + 16 instead).
-    w [out, in] -> codes [out, in // 2] uint8, scale and minimum [out, in // group_size] fp32.
+    in 0..15, so each weight moves by at most scale / 2 and comes back as code * scale + minimum.
+    w [out, in] -> codes [out, in] uint8 (one code a byte, not packed), scale and minimum [out, in // group_size] fp32.
     """
     w = _matrix(w)  # [out, in]
     out_f, in_f = w.shape
-    if group_size < 2 or group_size % 2 or in_f % group_size:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2 \
+            or in_f % group_size:
         fits = [g for g in (16, 32, 64, 128, 256) if in_f % g == 0]
-        raise CourseError(f"The group size must be even and divide the row length {in_f}; {group_size} does not: "
+        raise CourseError(f"The group size must be even and divide the row length {in_f}; {group_size!r} does not: "
                           f"try {' or '.join(map(str, fits[-3:])) or 2}.")
     groups = w.reshape(out_f, in_f // group_size, group_size)  # [out, groups, group_size]
     minimum = groups.amin(dim=-1)  # [out, groups]
     scale = (groups.amax(dim=-1) - minimum) / 15  # [out, groups]
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: code 0 is exact
     codes = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
-    codes = codes.reshape(out_f, in_f)  # [out, in]
+    return codes.reshape(out_f, in_f), scale, minimum
+
+
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int4_codes with two codes a byte: code 2i in the low nibble, code 2i + 1 in the high one (GGML pairs weight j
+    with weight j + 16 instead). w [out, in] -> codes [out, in // 2] uint8, scale and minimum [out, groups] fp32."""
+    codes, scale, minimum = int4_codes(w, group_size)  # [out, in]
     return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, minimum  # packed: [out, in // 2]
 
 
@@ -122,103 +127,39 @@ def fake_quantize(w: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tens
 
 
 @contextlib.contextmanager
-def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, include_head: bool = False):
+def quantize_model_weights(model: nn.Module, fmt: str, group_size: int = 32, head_fmt: str | None = None):
     """Inside the with-block, every Linear weight in the model's blocks is its `fmt` round trip.
 
     Fake quantization: the weights stay fp32 but take only values the format can store, so the
     outputs show the quality lost (not the speed gained). The embedding stays; the LM head too, unless
-    include_head (then only the head's copy is quantized: embedding lookups keep the exact rows).
-    The originals come back when the block ends, even after an error. Given a ScratchLlama, the
-    transformers model it shares its weights with is never touched. Yields the number of weights changed.
+    head_fmt names a format for it ("int8", as the course's file keeps its head at 8 bits; then only the head's
+    copy is quantized: embedding lookups keep the exact rows). The originals come back when the block ends, even
+    after an error. Given a ScratchLlama, the transformers model it shares its weights with is never touched.
+    Yields the number of weights changed.
     """
     module = transformers_model(model)
     blocks = module.layers if hasattr(module, "layers") else getattr(module.get_decoder(), "layers", None) \
         if hasattr(module, "get_decoder") else None  # a ScratchLlama's blocks, or a transformers model's
     if blocks is None:
         raise CourseError("Pass a ScratchLlama or a transformers Llama model: this one has no .layers.")
-    linears = [module for module in blocks.modules() if isinstance(module, nn.Linear)]
-    if include_head:
+    linears = [(module, fmt) for module in blocks.modules() if isinstance(module, nn.Linear)]
+    if head_fmt is not None:
         head = getattr(model, "lm_head", None)
         if not isinstance(head, nn.Linear):
-            raise CourseError("include_head needs a model whose lm_head is a Linear layer (a ScratchLlama).")
-        linears.append(head)
-    originals = [module.weight for module in linears]
-    fake = [fake_quantize(module.weight, fmt, group_size) for module in linears]  # may raise: nothing changed yet
+            raise CourseError("head_fmt needs a model whose lm_head is a Linear layer (a ScratchLlama).")
+        linears.append((head, head_fmt))
+    originals = [module.weight for module, _ in linears]
+    fake = [fake_quantize(module.weight, f, group_size) for module, f in linears]  # may raise: nothing changed yet
     try:
-        for module, w in zip(linears, fake):
+        for (module, _), w in zip(linears, fake):
             module.weight = nn.Parameter(w, requires_grad=False)  # a new tensor: the original stays intact
         yield sum(w.numel() for w in fake)
     finally:
-        for module, w in zip(linears, originals):
+        for (module, _), w in zip(linears, originals):
             module.weight = w
 
 
-# --------------------------------------------------------------------------- 2. an int8 kernel
-
-
-def int8_matmul_available() -> tuple[bool, str]:
-    """Whether this PyTorch runs an int8-weight matmul on the CPU: (True, "") or (False, why not)."""
-    kernel = getattr(torch, "_weight_int8pack_mm", None)
-    if kernel is None:
-        return False, f"torch {torch.__version__} has no torch._weight_int8pack_mm."
-    try:
-        kernel(torch.ones(1, 32, dtype=torch.bfloat16), torch.ones(8, 32, dtype=torch.int8),
-               torch.ones(8, dtype=torch.bfloat16))
-    except (RuntimeError, NotImplementedError) as err:
-        return False, f"torch._weight_int8pack_mm does not run here ({str(err).splitlines()[0]})."
-    return True, ""
-
-
-def int8_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, activations: str = "bf16") -> torch.Tensor:
-    """x [m, k] @ (codes [n, k] int8 * scale [n]).T -> [m, n] fp32, the kernel reading the weights as int8.
-
-    activations="bf16" passes x and scale as bf16, the case PyTorch's CPU kernel has a fast path for;
-    "fp32" passes them as they are, which takes a generic loop (many times slower on the CPUs we tried).
-    """
-    if activations not in ("bf16", "fp32"):
-        raise CourseError(f"activations must be 'bf16' or 'fp32', not {activations!r}.")
-    dtype = torch.bfloat16 if activations == "bf16" else torch.float32
-    return torch._weight_int8pack_mm(x.to(dtype).contiguous(), codes.contiguous(), scale.to(dtype).contiguous()).float()
-
-
-@dataclass
-class KernelTiming:
-    """Median seconds of x @ W.T over `layers` different weight matrices, read three ways."""
-
-    int8_seconds: float  # W in int8, x in bf16: the kernel's fast path
-    int8_fp32_activations_seconds: float  # W in int8, x in fp32: the same kernel's generic path
-    fp32_seconds: float  # W in fp32 (dequantized: the same numbers at 4 bytes each), as nn.Linear reads it
-    max_relative_difference: float  # max |int8 result - fp32 result| / max |fp32 result|
-    weight_bytes_fp32: int  # bytes of the fp32 matrices read per call (int8: a quarter, plus the scales)
-
-
-def time_int8_vs_fp32(m: int, k: int, n: int, repeats: int = 20, layers: int = 1) -> tuple[KernelTiming | None, str]:
-    """Time x [m, k] @ W.T for random W [n, k] in int8 and in fp32: (KernelTiming, "") or (None, why not).
-
-    m = 1 is decoding one token: then the time is mostly reading W, and int8 reads a quarter of the bytes.
-    layers > 1 uses that many different matrices in a row, as a model does: enough of them (more bytes than
-    the CPU's last-level cache) makes each read come from memory, not from the cache.
-    """
-    ok, why = int8_matmul_available()
-    if not ok:
-        return None, why
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(m, k, generator=gen)  # [m, k]
-    packed = [quantize_int8_per_channel(torch.randn(n, k, generator=gen) * 0.02) for _ in range(layers)]
-    weights = [dequantize_int8(codes, scale) for codes, scale in packed]  # [n, k] fp32 each
-    x16 = x.to(torch.bfloat16)
-    packed16 = [(codes, scale.to(torch.bfloat16)) for codes, scale in packed]  # converted once, outside the timing
-    runs = {"int8": lambda: [torch._weight_int8pack_mm(x16, c, s) for c, s in packed16],
-            "int8_fp32": lambda: [torch._weight_int8pack_mm(x, c, s) for c, s in packed],
-            "fp32": lambda: [F.linear(x, w) for w in weights]}
-    timings = time_interleaved(runs, warmup=1, repeats=repeats)  # in turns, so a busy moment slows all three alike
-    seconds = {name: t.median_s for name, t in timings.items()}
-    exact = x @ weights[0].T  # [m, n]
-    diff = ((int8_matmul(x, *packed[0]) - exact).abs().max() / exact.abs().max()).item()
-    return KernelTiming(seconds["int8"], seconds["int8_fp32"], seconds["fp32"], diff, layers * n * k * 4), ""
-
-
-# --------------------------------------------------------------------------- 3. the KV cache in int8
+# --------------------------------------------------------------------------- 2. the KV cache in int8
 
 
 def quantize_kv_int8(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

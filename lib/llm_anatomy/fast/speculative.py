@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -145,6 +146,7 @@ class SpeculativeResult:
     accepted: int = 0  # draft tokens kept
     rejections: int = 0  # rounds that stopped at a rejected draft
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)  # the width of each verify pass is 1 + this
     rounds_without_draft: int = 0  # rounds with room for drafts in which the draft proposed none (no match)
     prefill_s: float = 0.0  # wall time of the prefill and the first token, seconds
     seconds: float = 0.0  # wall time of the whole generation, prefill included
@@ -178,6 +180,10 @@ def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft
         raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
         raise CourseError(f"Speculative decoding here runs one sequence: prompt_ids [1, seq], not {tuple(prompt_ids.shape)}.")
+    context = getattr(getattr(model, "cfg", None), "max_position_embeddings", None)
+    if context is not None and prompt_ids.shape[1] + new_tokens > context:
+        raise CourseError(f"The prompt's {prompt_ids.shape[1]} tokens and {new_tokens} new ones pass the model's context "
+                          f"of {context} positions: ask for at most {max(context - prompt_ids.shape[1], 0)} new tokens.")
     seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, settings, generator,
                                               eos_token_id), prompt_ids.device)
     result.seconds = seconds
@@ -196,7 +202,9 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
         seen = context + result.tokens
         drafts, q = draft.draft(seen, min(k, room), settings, generator) if room else ([], None)
-        drafts = drafts[:room]
+        if len(drafts) > min(k, room):  # the pass, the cache and q are sized for at most k drafts
+            raise CourseError(f"The draft proposed {len(drafts)} tokens when asked for at most {min(k, room)}: "
+                              "a draft's draft(context, k, ...) must return k tokens or fewer.")
         before = cache.length
         ids = torch.tensor([[result.tokens[-1]] + drafts], device=prompt_ids.device)  # [1, 1 + drafts]
         # the verify pass: a prefill of the last token and the drafts that keeps every position's logits
@@ -210,6 +218,7 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         result.rejections += kept < len(drafts)
         result.rounds_without_draft += room > 0 and not drafts
         result.accepted_per_round.append(kept)
+        result.drafted_per_round.append(len(drafts))
         result.tokens += drafts[:kept] + [token]
     if eos_token_id in result.tokens:
         result.tokens = result.tokens[:result.tokens.index(eos_token_id) + 1]
@@ -249,6 +258,30 @@ def predicted_speedup(acceptance: float, k: int, verify_cost: float, draft_cost:
     draft_cost: time of one draft token in decode steps (0 for prompt lookup).
     """
     return expected_tokens_per_round(acceptance, k) / (verify_cost + k * draft_cost)
+
+
+def predicted_from_widths(result: SpeculativeResult, widths: list[int], pass_costs: list[float]) -> float:
+    """The speedup a run's own rounds predict: its tokens after the first / the cost of its passes, each priced at its
+    real width (1 + the drafts it verified; a round that found no draft is a plain step, width 1), in decode steps.
+    widths, pass_costs: measured costs of a pass over that many tokens (1 at width 1), interpolated between."""
+    if len(widths) != len(pass_costs) or not widths or sorted(widths) != list(widths):
+        raise CourseError("Give the measured pass costs as increasing widths and one cost each, e.g. [1, 3], [1.0, 1.2].")
+    cost = sum(float(np.interp(1 + d, widths, pass_costs)) for d in result.drafted_per_round)
+    return (len(result.tokens) - 1) / cost if cost else 1.0
+
+
+def leviathan_speedup(acceptance: float, k: int, c: float) -> float:
+    """Leviathan et al. (2023)'s expected speedup, (1 - a^(k+1)) / ((1 - a)(k c + 1)): c is one draft token's cost over
+    one step of the model, and the verify pass is priced as one step (memory-bound: k + 1 tokens cost one read)."""
+    if c < 0:
+        raise CourseError(f"A draft's cost c is a time ratio, 0 or more, not {c}.")
+    return expected_tokens_per_round(acceptance, k) / (k * c + 1)
+
+
+def best_draft_length(acceptance: float, c: float, k_max: int = 16) -> int:
+    """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance
+    rate want long drafts; a costly one, short)."""
+    return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c))
 
 
 # --------------------------------------------------------------------------- a task whose answer copies its input

@@ -1,0 +1,215 @@
+"""Packed-weight decode: every matmul of the model reads int8 or int4 codes through a packed kernel (claim C17).
+
+Fake quantization (quantize.py) shows what rounding the weights costs in quality, but not in time: it still
+computes in fp32 with every weight stored at 4 bytes. Time falls only where a matmul kernel reads the codes
+themselves and turns them into numbers on the fly. PyTorch ships such kernels (the ones gpt-fast and torchao call):
+
+    int8, CPU:  torch._weight_int8pack_mm(x bf16 [m, k], codes int8 [n, k], scale bf16 [n])
+    int8, GPU:  F.linear(x, codes.to(x.dtype)) * scale, gpt-fast's form: torch.compile fuses the conversion into
+                the matmul; run eagerly it converts the whole matrix at every call (more bytes than bf16, not fewer)
+    int4, CPU:  torch._convert_weight_to_int4pack_for_cpu(codes int32 [n, k], 1) once, then
+                torch._weight_int4pack_mm_for_cpu(x bf16, packed, group_size, scales_and_zeros bf16 [k / group, n, 2])
+    int4, GPU:  torch._convert_weight_to_int4pack(codes uint8 [n, k / 2], inner_k_tiles) once, then
+                torch._weight_int4pack_mm (tinygemm; compute capability 8.0 or newer)
+
+int4 uses tinygemm's convention, weight = (code - 8) * scale + zero with zero = minimum + 8 * scale: the grid of
+Q4_1's d * code + m. The activations are bf16 (these kernels take no fp32), and the LM head stays at 8 bits, as the
+course's file keeps it (Q8_0). `pack(model, "int8")` gives a ScratchLlama with fused projections (fused.py) whose
+every matmul is packed: the same prefill, decode_step and generate_greedy run it.
+
+What these kernels do not do, and llama.cpp's CPU kernels do: quantize the activations too (to int8 per block of
+32), multiply int8 by int8 with integer dot-product instructions (AVX2's maddubs, AVX-VNNI, ARM's sdot), and run one
+fused loop per block of weights. Sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CourseError
+from ..model.scratch import ScratchLlama
+from .fused import FusedRMSNorm, Projection, fuse
+from .quantize import int4_codes, quantize_int8_per_channel
+
+FORMATS = ("int8", "int4")
+ACTIVATIONS = torch.bfloat16  # what the packed kernels multiply by
+READS_CODES = ("torch._weight_int8pack_mm", "torch._weight_int4pack_mm_for_cpu", "torch._weight_int4pack_mm")
+DEQUANTIZES_EACH_CALL = "F.linear(x, codes.to(x.dtype)) * scale"  # int8 on a GPU without the packed op, run eagerly
+
+
+def _int4_tiles(k: int) -> int:
+    """tinygemm's inner k-tiles: the largest of 8, 4, 2 with k divisible by 16 times it (576 takes 4)."""
+    return next((t for t in (8, 4, 2) if k % (16 * t) == 0), 0)
+
+
+class PackedProjection(Projection):
+    """y = x @ W.T with W held as int8 codes (one bf16 scale a row) or int4 codes (a scale and a zero a group).
+
+    weight: the fp32 matrix [out, in] to pack; fmt "int8" or "int4"; group_size for int4 (it must divide `in`).
+    `kernel` names what runs; `nbytes` is what a call reads of the weights (codes, scales and zeros).
+    """
+
+    def __init__(self, weight: torch.Tensor, fmt: str = "int8", group_size: int = 32):
+        nn.Module.__init__(self)
+        if fmt not in FORMATS:
+            raise CourseError(f"Packed formats are {', '.join(FORMATS)}, not {fmt!r}.")
+        device, (out_f, in_f) = weight.device, weight.shape
+        self.fmt, self.group_size, self.out_features, self.layout = fmt, group_size, out_f, "packed"
+        if fmt == "int8":
+            codes, scale = quantize_int8_per_channel(weight)  # [out, in] int8, [out] fp32
+            self.register_buffer("codes", codes)
+            self.register_buffer("scale", scale.to(ACTIVATIONS))  # [out]
+            self.kernel = READS_CODES[0] if _int8_op_runs(device) else DEQUANTIZES_EACH_CALL
+        else:
+            codes, scale, minimum = int4_codes(weight, group_size)  # [out, in] uint8 in 0..15, [out, groups] fp32
+            tiles = _int4_tiles(in_f)
+            if device.type != "cpu" and not tiles:
+                raise CourseError(f"tinygemm needs the row length to be a multiple of 32; {in_f} is not.")
+            zero = minimum + 8 * scale  # (code - 8) * scale + zero = code * scale + minimum
+            self.register_buffer("scales_and_zeros", torch.stack([scale.T, zero.T], -1).contiguous().to(ACTIVATIONS))
+            if device.type == "cpu":  # [k / group, n, 2] above; the packed codes below
+                self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.int(), 1))
+                self.kernel = "torch._weight_int4pack_mm_for_cpu"
+            else:  # two codes a byte, the even column in the high nibble
+                pairs = (codes[:, 0::2] << 4) | codes[:, 1::2]  # [out, in / 2] uint8
+                self.register_buffer("packed", torch._convert_weight_to_int4pack(pairs.contiguous(), tiles))
+                self.kernel = "torch._weight_int4pack_mm"
+        self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [tokens, in]
+        if self.fmt == "int8":
+            if self.kernel == "torch._weight_int8pack_mm":
+                y = torch._weight_int8pack_mm(rows, self.codes, self.scale)
+            else:
+                y = F.linear(rows, self.codes.to(rows.dtype)) * self.scale
+        elif self.kernel == "torch._weight_int4pack_mm_for_cpu":
+            y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        else:
+            y = torch._weight_int4pack_mm(rows, self.packed, self.group_size, self.scales_and_zeros)
+        return y.view(*x.shape[:-1], self.out_features)  # [..., out]
+
+    def dequantized(self) -> torch.Tensor:
+        """The weights the kernel multiplies by, fp32 [out, in]: code * scale, or (code - 8) * scale + zero (for int4
+        read out of the kernel itself, so rounded to bf16)."""
+        if self.fmt == "int8":
+            return self.codes.float() * self.scale.float()[:, None]
+        eye = torch.eye(self.scales_and_zeros.shape[0] * self.group_size, dtype=ACTIVATIONS, device=self.packed.device)
+        return self(eye).float().T.contiguous()  # the kernel applied to the identity: each column is one weight row
+
+
+_INT8_OP: dict[str, bool] = {}
+
+
+def _int8_op_runs(device: torch.device) -> bool:
+    """Whether torch._weight_int8pack_mm runs on this kind of device (CPU: yes; a GPU: depends on the build)."""
+    if device.type not in _INT8_OP:
+        try:
+            torch._weight_int8pack_mm(torch.ones(1, 32, dtype=ACTIVATIONS, device=device),
+                                      torch.ones(8, 32, dtype=torch.int8, device=device),
+                                      torch.ones(8, dtype=ACTIVATIONS, device=device))
+            _INT8_OP[device.type] = True
+        except (RuntimeError, NotImplementedError, AttributeError):
+            _INT8_OP[device.type] = False
+    return _INT8_OP[device.type]
+
+
+def kernel_status(fmt: str, device: torch.device | str = "cpu") -> tuple[bool, str]:
+    """Whether the packed `fmt` kernel runs on `device` and gives the right numbers: (True, kernel) or (False, why)."""
+    device = torch.device(device)
+    if fmt not in FORMATS:
+        raise CourseError(f"Packed formats are {', '.join(FORMATS)}, not {fmt!r}.")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=g).to(device)  # [out, in]
+    x = torch.randn(3, 256, generator=g).to(device, ACTIVATIONS)  # [tokens, in]
+    try:
+        layer = PackedProjection(w, fmt, 32)
+        got = layer(x).float()
+        want = x.float() @ dequantized_reference(w, fmt, 32).T.to(device)
+    except (RuntimeError, NotImplementedError, AttributeError, CourseError) as err:
+        return False, f"{fmt} on {device.type}: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    error = ((got - want).abs().max() / want.abs().max()).item()
+    if not error < 0.02:  # bf16 activations and scales: a few parts in a thousand
+        return False, f"{fmt} on {device.type}: the kernel ran but gave numbers {error:.1%} off the codes' own"
+    return True, layer.kernel
+
+
+def dequantized_reference(w: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tensor:
+    """The weights a packed `fmt` layer multiplies by, computed by hand without its kernel, fp32 [out, in]:
+    int8 code * scale, int4 (code - 8) * scale + zero, with the scales (and zeros) rounded to bf16 as the layer
+    holds them."""
+    if fmt == "int8":
+        codes, scale = quantize_int8_per_channel(w)  # [out, in], [out]
+        return codes.float() * scale.to(ACTIVATIONS).float()[:, None]
+    codes, scale, minimum = int4_codes(w, group_size)  # [out, in], [out, groups]
+    scale16, zero16 = scale.to(ACTIVATIONS).float(), (minimum + 8 * scale).to(ACTIVATIONS).float()
+    groups = codes.float().view(*scale.shape, group_size)  # [out, groups, group_size]
+    return ((groups - 8) * scale16[..., None] + zero16[..., None]).view(w.shape)
+
+
+def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt: str = "int8") -> ScratchLlama:
+    """A ScratchLlama with q/k/v and gate/up fused and every matmul packed in `fmt`, its LM head in `head_fmt`.
+
+    The embedding and the norms are bf16 copies (the kernels multiply bf16 activations), so the KV cache is bf16
+    too. The model given is not changed. group_size: int4's group (it must divide every row: 32 or 64 here).
+    """
+    if not isinstance(model, ScratchLlama):
+        raise CourseError("pack() takes a ScratchLlama: build one with ScratchLlama.from_hf(loaded).")
+    for name in (fmt, head_fmt):
+        if name not in FORMATS:
+            raise CourseError(f"Packed formats are {', '.join(FORMATS)}, not {name!r}.")
+    ok, why = kernel_status(fmt, model.device)
+    if not ok:
+        raise CourseError(f"No packed {fmt} kernel here ({why}).")
+    fast = fuse(model)  # fp32 fused copies, replaced one by one below
+    with torch.no_grad():
+        fast.embed_tokens = nn.Embedding.from_pretrained(model.embed_tokens.weight.detach().to(ACTIVATIONS))
+        for owner, name in [(fast, "norm")] + [(block, name) for block in fast.layers
+                                               for name in ("input_layernorm", "post_attention_layernorm")]:
+            setattr(owner, name, FusedRMSNorm(getattr(owner, name), ACTIVATIONS))  # a bf16 copy of the weight
+        for block in fast.layers:
+            for owner, name in ((block.self_attn, "qkv_proj"), (block.self_attn, "o_proj"),
+                                (block.mlp, "gate_up_proj"), (block.mlp, "down_proj")):
+                setattr(owner, name, PackedProjection(getattr(owner, name).weight, fmt, group_size))
+        fast.lm_head = PackedProjection(model.lm_head.weight, head_fmt, group_size)
+    fast._inv_freq = None
+    return fast.eval()
+
+
+def matmul_weight_bytes(model: ScratchLlama) -> int:
+    """Bytes of weights one decode step reads: every matmul of the blocks and the LM head, as this model holds them
+    (fp32 or bf16 matrices, or packed codes with their scales); the embedding rows are looked up, not read whole."""
+    total = 0
+    for module in [*model.layers.modules(), model.lm_head]:
+        if isinstance(module, PackedProjection):
+            total += module.nbytes
+        elif isinstance(module, (nn.Linear, Projection)):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def decode_bytes_per_token(model: ScratchLlama, context: int) -> int:
+    """Bytes one decode step (batch 1) reads after `context` cached positions: the matmul weights, as held, and
+    the KV cache, in the model's own dtype (2 x layers x kv_heads x head_dim x bytes per element per position)."""
+    cfg = model.cfg
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * model.embed_tokens.weight.element_size()
+    return matmul_weight_bytes(model) + kv * (context + 1)
+
+
+def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], bytes_per_token: dict[str, int],
+                          reference: str = "fp32") -> tuple[bool, str]:
+    """C17's speed half: (whether every packed variant whose kernel reads the codes decoded faster than
+    `reference`, the evidence in words). seconds: per decode step of each variant (the reference's included);
+    kernels: each packed variant's kernel name; bytes_per_token: what each step reads. False, with a reason,
+    when no packed kernel reads codes here (nothing to show)."""
+    reading_codes = [fmt for fmt, kernel in kernels.items() if kernel in READS_CODES and fmt in seconds]
+    if reference not in seconds or not reading_codes:
+        return False, "no packed kernel that reads the codes ran here"
+    base = seconds[reference]
+    parts = [f"{fmt} ({kernels[fmt].removeprefix('torch.')}) reads {bytes_per_token[fmt] / bytes_per_token[reference]:.2f}x "
+             f"the bytes of {reference} and took {seconds[fmt] / base:.2f}x its time per token "
+             f"({bytes_per_token[fmt] / seconds[fmt] / 1e9:.1f} GB/s against {bytes_per_token[reference] / base / 1e9:.1f})"
+             for fmt in reading_codes]
+    return all(seconds[fmt] < base for fmt in reading_codes), "; ".join(parts)

@@ -1,0 +1,121 @@
+"""Tests for packed.py: int8 and int4 weight-only decode of every matmul through PyTorch's packed kernels, checked
+against the dequantized weights computed by hand (the reference), and its bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llm_anatomy.errors import CourseError
+from llm_anatomy.fast import packed
+from llm_anatomy.fast import quantize as q
+from llm_anatomy.generate.decode import generate_greedy
+from llm_anatomy.measure.quality import logit_kl
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
+FORMATS = [f for f in packed.FORMATS if packed.kernel_status(f)[0]]
+needs_kernels = pytest.mark.skipif(len(FORMATS) < 2, reason="this torch build lacks a packed CPU kernel")
+
+
+def test_the_cpu_kernels_are_found_and_named():
+    for fmt in packed.FORMATS:
+        ok, what = packed.kernel_status(fmt)
+        assert ok is False or what in packed.READS_CODES, what
+
+
+def test_without_the_int8_op_the_layer_says_it_converts_at_every_call(monkeypatch):
+    monkeypatch.delattr(torch, "_weight_int8pack_mm", raising=False)
+    monkeypatch.setattr(packed, "_INT8_OP", {})  # forget what was found with the op present
+    ok, kernel = packed.kernel_status("int8")
+    assert ok and kernel == packed.DEQUANTIZES_EACH_CALL and kernel not in packed.READS_CODES
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", packed.FORMATS)
+def test_a_packed_projection_multiplies_by_its_dequantized_weights(fmt):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(96, 192, generator=g) * 0.05  # [out, in]
+    layer = packed.PackedProjection(w, fmt, 32)
+    x = torch.randn(5, 192, generator=g).to(torch.bfloat16)  # [tokens, in]
+    by_hand = packed.dequantized_reference(w, fmt, 32)  # the codes' weights, computed without the kernel
+    # int8 reads its codes back exactly; int4's come out of the kernel itself (applied to the identity), in bf16
+    assert torch.allclose(layer.dequantized(), by_hand, rtol=2 ** -7, atol=1e-6 * w.abs().max())
+    want = x.float() @ by_hand.T  # [tokens, out]
+    got = layer(x).float()
+    assert got.shape == (5, 96) and ((got - want).abs().max() / want.abs().max()) < 0.01
+    assert (by_hand - w).abs().max() < (0.02 if fmt == "int4" else 0.002)  # a round trip, not a copy ...
+    assert not torch.equal(by_hand, w)  # ... that rounds
+    per_weight = layer.nbytes / w.numel()
+    assert per_weight == (1 + 2 / 192 if fmt == "int8" else 0.5 + 4 / 32)  # codes + bf16 scale (and zero)
+
+
+def test_bad_input_is_refused_in_one_sentence():
+    w = torch.randn(64, 96)
+    with pytest.raises(CourseError, match="int3"):
+        packed.PackedProjection(w, "int3")
+    with pytest.raises(CourseError, match="group size must be even and divide the row length 96"):
+        packed.PackedProjection(w, "int4", group_size=64)
+    broken = w.clone()
+    broken[3, 3] = float("nan")
+    with pytest.raises(CourseError, match="NaN"):
+        packed.PackedProjection(broken, "int8")
+    with pytest.raises(CourseError, match="ScratchLlama"):
+        packed.pack(torch.nn.Linear(4, 4))
+    with pytest.raises(CourseError, match="int3"):
+        packed.kernel_status("int3")
+
+
+@pytest.fixture(scope="module")
+def scratch(real):
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    return ScratchLlama.from_hf(real.model)
+
+
+@pytest.fixture(scope="module")
+def chat(real):
+    from llm_anatomy.generate.chat import chat_prompt_ids
+
+    return chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", packed.FORMATS)
+def test_the_packed_model_decodes_like_its_dequantized_weights(scratch, chat, fmt):
+    weight_before = scratch.layers[0].mlp.up_proj.weight
+    fast = packed.pack(scratch, fmt)
+    assert scratch.layers[0].mlp.up_proj.weight is weight_before  # the model given is not changed
+    layers = [m for m in fast.modules() if isinstance(m, packed.PackedProjection)]
+    assert len(layers) == 4 * scratch.cfg.num_layers + 1 and layers[-1].fmt == "int8"  # every matmul; the head at 8
+    assert all(m.fmt == fmt for m in layers[:-1]) and fast.dtype == torch.bfloat16
+    # the reference: the fp32 model with every matmul weight its round trip through the same codes (the head int8)
+    with q.quantize_model_weights(scratch, fmt, 32, head_fmt="int8"):
+        with torch.no_grad():
+            want_logits = scratch(chat)
+        want_tokens = generate_greedy(scratch, chat, 32).tokens
+    with torch.no_grad():
+        got_logits = fast(chat).float()
+    assert logit_kl(want_logits, got_logits) < 0.01  # bf16 activations: close, not equal
+    assert torch.equal(generate_greedy(fast, chat, 32).tokens, want_tokens)  # the first 32 greedy tokens
+    fp32_bytes, packed_bytes = packed.matmul_weight_bytes(scratch), packed.matmul_weight_bytes(fast)
+    assert packed_bytes < (0.27 if fmt == "int8" else 0.2) * fp32_bytes
+    per_position = 2 * scratch.cfg.num_layers * scratch.cfg.num_kv_heads * scratch.cfg.head_dim * 2  # bf16 K and V
+    assert packed.decode_bytes_per_token(fast, 99) == packed_bytes + 100 * per_position
+
+
+def test_the_speed_claim_fails_when_its_evidence_does():
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    kernels = {"int8": "torch._weight_int8pack_mm", "int4": "torch._weight_int4pack_mm_for_cpu"}
+    size = {"fp32": 540e6, "int8": 136e6, "int4": 90e6}
+    holds, evidence = packed.packed_speed_evidence({"fp32": 0.06, "int8": 0.03, "int4": 0.035}, kernels, size)
+    assert holds and "int8 (_weight_int8pack_mm) reads 0.25x the bytes of fp32 and took 0.50x its time" in evidence
+    claim("C17", holds, evidence)
+    slower = {"fp32": 0.06, "int8": 0.03, "int4": 0.07}  # one packed variant slower than fp32: the claim must fail
+    holds, evidence = packed.packed_speed_evidence(slower, kernels, size)
+    with pytest.raises(ClaimFailed, match="int4.*took 1.17x its time"):
+        claim("C17", holds, evidence)
+    # a kernel that converts the whole matrix at every call does not read the codes: nothing to assert
+    holds, evidence = packed.packed_speed_evidence({"fp32": 0.06, "int8": 0.03}, {"int8": packed.DEQUANTIZES_EACH_CALL},
+                                                   size)
+    assert not holds and "no packed kernel" in evidence
