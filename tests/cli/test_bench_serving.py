@@ -27,6 +27,15 @@ def test_json_has_every_figure(quick_json):
         assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["tpot_p50_s"] <= m["tpot_p99_s"]
         assert m["itl_p50_s"] <= m["itl_p99_s"] and m["ttft_p50_s"] <= m["e2e_p50_s"] <= m["e2e_p99_s"]
     assert r["static"]["output_tokens"] == r["continuous"]["output_tokens"]
+    cap = r["capacity_req_s"]  # measured first; the trace's rate is a stated fraction of it
+    assert positive(cap["static"]) and positive(cap["continuous"])
+    assert r["trace"]["rate_per_s"] == pytest.approx(r["trace"]["load"] * cap["continuous"])
+    sweep = r["load_sweep"]
+    assert [(row["fraction"], row["server"]) for row in sweep] == [(f, s) for f in (0.3, 0.7, 1.2)
+                                                                  for s in ("static", "continuous")]
+    assert all(row["ttft_p50_s"] <= row["ttft_p99_s"] and 0 <= row["attainment"] <= 1 for row in sweep)
+    assert all(row["rate_req_s"] == pytest.approx(row["fraction"] * cap["continuous"]) for row in sweep)
+    assert set(r["goodput_distserve_req_s"]) == {"static", "continuous"}
     assert positive(r["continuous_over_static_throughput"])
     kv = r["kv_utilisation"]  # simulated, seeded: the same figures on every machine
     assert kv["paged_utilisation"] >= 0.9 and kv["reserve_max_utilisation"] <= 0.38
@@ -40,5 +49,6 @@ def test_json_has_every_figure(quick_json):
 
 def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
-    for words in ("static", "continuous", "TTFT p99", "KV utilisation", "prefix cache", "generate_batch", "aim"):
+    for words in ("static", "continuous", "TTFT p99", "KV utilisation", "prefix cache", "generate_batch", "aim",
+                  "capacity", "DistServe", "ITL p99"):
         assert words in text, words

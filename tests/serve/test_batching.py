@@ -47,7 +47,7 @@ def test_static_batches_run_to_their_longest_and_stop_on_eos(tiny):
     alone = [generate_greedy(tiny, torch.tensor([p]), 6).tokens[0].tolist() for p in prompts]
     eos = alone[1][1]  # the second request's second token ends it early
     reqs = [Request(p, 6, eos_token_id=eos) for p in prompts]
-    out = run_static(tiny, reqs, max_batch=3, cost=lambda tokens, rows: 1.0)
+    out = run_static(tiny, reqs, max_batch=3, cost=lambda tokens, rows, **_: 1.0)
     for r, a in zip(out, alone):
         cut = a[:a.index(eos) + 1] if eos in a else a
         assert r.output == cut
@@ -59,7 +59,7 @@ def test_static_batches_run_to_their_longest_and_stop_on_eos(tiny):
 
 def test_static_batching_waits_for_arrivals_and_takes_max_batch_at_a_time(tiny):
     reqs = [Request([5 + i, 6], 2, arrival_s=t) for i, t in enumerate([0.0, 0.0, 0.0, 10.0])]
-    out = run_static(tiny, reqs, max_batch=2, cost=lambda tokens, rows: 1.0)
+    out = run_static(tiny, reqs, max_batch=2, cost=lambda tokens, rows, **_: 1.0)
     assert [r.admitted_s for r in out] == [0.0, 0.0, 2.0, 10.0]  # two, then the third, then idle until 10 s
     assert [r.spans[0][0] for r in out] == [0, 1, 0, 0]  # the slot each one held
     assert [r.spans for r in out][2] == [(0, 2.0, 4.0)]

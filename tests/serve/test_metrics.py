@@ -8,7 +8,9 @@ import pytest
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.batching import Request
-from llm_anatomy.serve.metrics import poisson_trace, serving_metrics, simulate_utilisation
+from llm_anatomy.claims import ClaimFailed
+from llm_anatomy.serve.metrics import (SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, claim_paged_holds_real_tokens,
+                                      poisson_trace, serving_metrics, sharegpt_like_lengths, simulate_utilisation)
 
 
 def test_poisson_trace_is_seeded_and_draws_from_the_lengths_given():
@@ -83,3 +85,27 @@ def test_paged_uses_most_of_its_memory_on_a_realistic_spread_of_lengths():
     assert out["reserve_max_utilisation"] <= 0.3, summary
     # the waste of paging is at most block_size - 1 slots per request
     assert out["paged_slots"] - out["tokens"] <= len(lengths) * 15, summary
+
+
+# --------------------------------------------------------------------------- C14 on a published length shape
+
+
+def test_sharegpt_like_lengths_have_the_published_means_and_a_heavy_tail():
+    lengths = np.array(sharegpt_like_lengths(20000, seed=1, max_len=100000))
+    assert abs(lengths.mean() - (SHAREGPT_MEAN_PROMPT + SHAREGPT_MEAN_OUTPUT)) < 15
+    assert np.percentile(lengths, 99) > 4 * np.median(lengths)  # a few long ones among many short
+    assert max(sharegpt_like_lengths(500, seed=2, max_len=2048)) <= 2048
+    with pytest.raises(CourseError):
+        sharegpt_like_lengths(0, seed=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345, 2**31 - 1, 987654321987])
+def test_c14_holds_whatever_the_seed(seed):
+    assert "C14 holds" in str(claim_paged_holds_real_tokens(sharegpt_like_lengths(1000, seed), 2048))
+
+
+def test_c14_fails_when_the_requests_are_too_short_to_fill_a_block_or_as_long_as_the_limit():
+    with pytest.raises(ClaimFailed, match="C14 NOT shown"):  # 1-token requests fill 1 of each block's 16 slots
+        claim_paged_holds_real_tokens([1] * 1000, 2048)
+    with pytest.raises(ClaimFailed, match="C14 NOT shown"):  # every request at the limit: reserving wastes nothing
+        claim_paged_holds_real_tokens([2048] * 1000, 2048)

@@ -10,11 +10,12 @@ from llm_anatomy.serve.batching import Request
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool
-from llm_anatomy.serve.prefix_cache import PrefixCache, block_keys
+from llm_anatomy.claims import ClaimFailed
+from llm_anatomy.serve.prefix_cache import PrefixCache, block_keys, claim_hits_skip_work
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 from llm_anatomy.model.scratch import ScratchLlama
 
-COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
+COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def test_identical_outputs_with_and_without_prefix_caching_and_less_prefill(tiny
         sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 40, 4), max_batch=2, prefix_cache=on, cost=COST)
         out = sched.run(reqs)
         assert [r.output for r in out] == alone
-        runs[on] = (out, sum(tokens for _, _, kind, _, tokens in sched.calls if kind == "prefill"), sched)
+        runs[on] = (out, sum(c.tokens for c in sched.calls if c.kind == "prefill"), sched)
     out, prefilled_with, sched = runs[True]
     assert [r.cached for r in out] == [0, 20, 20, 20, 20]  # every later request finds the 5 system blocks
     assert prefilled_with == runs[False][1] - 4 * 20
@@ -113,3 +114,44 @@ def test_a_full_pool_evicts_cached_blocks_before_preempting(tiny):
     out = sched.run([Request(list(range(60, 60 + 20)), 8)])  # needs 7 of 8 blocks: the cache must give 4 up
     assert out[0].preempted == 0 and len(out[0].output) == 8
     assert len(old_keys & set(sched.prefix_cache._blocks)) <= 1
+
+
+# --------------------------------------------------------------------------- C16: TTFT against the hit rate
+
+
+def _hit_sweep(tiny, prefix_cache=True):
+    from llm_anatomy.serve.cost import StepCost
+
+    cost = StepCost(0.05, 0.002, 0.06, 0.001, 1e-6)
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(3, 128, (32,), generator=g).tolist()
+    other = torch.randint(3, 128, (32,), generator=g).tolist()
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 40, 4), 1, prefix_cache=prefix_cache, cost=cost)
+    sched.run([Request(system + [7, 8], 1)])  # warm the cache
+    rates, ttfts, prefilled, cached, lengths = [], [], [], [], []
+    for share in (0.0, 0.5, 1.0):
+        keep = int(share * 32)
+        calls = len(sched.calls)
+        r = sched.run([Request(system[:keep] + other[keep:] + [9, 10], 1, arrival_s=sched.now)])[0]
+        rates.append(r.cached / len(r.prompt))
+        ttfts.append(r.ttft_s)
+        prefilled.append(sum(c.tokens for c in sched.calls[calls:] if c.kind == "prefill"))
+        cached.append(r.cached)
+        lengths.append(len(r.prompt))
+    return rates, ttfts, prefilled, cached, lengths
+
+
+def test_c16_holds_on_a_hit_rate_sweep(tiny):
+    rates, ttfts, prefilled, cached, lengths = _hit_sweep(tiny)
+    assert rates == sorted(rates) and rates[-1] > 0.9
+    assert "C16 holds" in str(claim_hits_skip_work(rates, ttfts, prefilled, cached, lengths))
+
+
+def test_c16_fails_when_the_cache_is_off_or_a_hit_still_costs_its_prefill(tiny):
+    with pytest.raises(ClaimFailed, match="C16 NOT shown"):  # no cache: every hit rate 0, nothing to compare
+        claim_hits_skip_work(*_hit_sweep(tiny, prefix_cache=False))
+    rates, ttfts, prefilled, cached, lengths = _hit_sweep(tiny)
+    with pytest.raises(ClaimFailed, match="C16 NOT shown"):  # cached blocks prefilled again all the same
+        claim_hits_skip_work(rates, ttfts, lengths, cached, lengths)
+    with pytest.raises(ClaimFailed, match="C16 NOT shown"):  # TTFT that does not fall with the hit rate
+        claim_hits_skip_work(rates, ttfts[::-1], prefilled, cached, lengths)

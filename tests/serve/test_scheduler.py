@@ -17,7 +17,7 @@ from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler, admit
 from llm_anatomy.model.scratch import ScratchLlama
 
-COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
+COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_chunked_prefill_caps_each_iteration_and_smooths_the_decoders_gaps(tiny)
         out = sched.run(decoders + [long_prompt])
         assert [r.output for r in out] == _alone(tiny, decoders + [long_prompt])
         if budget is not None:  # no call carries more than the budget (prompt chunks get what decodes leave)
-            assert max(tokens for _, _, _, _, tokens in sched.calls) <= budget
+            assert max(c.tokens for c in sched.calls) <= budget
         gaps[budget] = max(b - a for r in out[:3] for a, b in zip(r.token_times, r.token_times[1:]))
         ttft[budget] = out[3].ttft_s
     assert gaps[16] < gaps[None] / 3  # the long prefill no longer stalls the decoders for one long iteration
@@ -226,3 +226,20 @@ def test_real_model_continuous_batching_equals_generate_and_generate_batch(real,
     _, engine = transformers_generate_batch(real.model, ids, max(new), block_size=16)
     assert [row[:n] for row, n in zip(engine, new)] == theirs
     assert math.isfinite(sched.now) and sched.now > 0
+
+
+def test_bad_input_gets_one_sentence_and_leaves_a_running_engine_as_it_was(tiny):
+    sched = _scheduler(tiny, 16, 4, max_batch=2, cost=COST)
+    sched.submit(Request([5, 6, 7], 3))
+    sched.step()
+    before = _state(sched)
+    cases = [(lambda: sched.submit(Request([5] * 60, 10)), "more than the whole KV pool"),  # longer than the pool
+             (lambda: sched.submit(Request([5, 6], 0)), "max_new_tokens"),  # zero max tokens
+             (lambda: sched.submit(Request([5, 6], 2, arrival_s=-0.5)), "arrival_s"),  # a negative arrival
+             (lambda: PagedKVPool.for_model(tiny, 0, 4), "at least 1 block")]  # a pool too small for one block
+    for make, words in cases:
+        with pytest.raises(CourseError, match=words) as refused:
+            make()
+        assert "\n" not in str(refused.value) and str(refused.value).endswith(".")  # one sentence
+        assert _state(sched) == before
+    assert sched.run([Request([8, 9], 2)])[0].output  # and it still serves

@@ -19,9 +19,10 @@ from llm_anatomy.serve.scheduler import ContinuousScheduler  # noqa: E402
 from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
 from llm_anatomy.errors import CourseError  # noqa: E402
 from llm_anatomy.views.serving import (CACHED, FREE, SHARED, block_grid, block_table_grid, colour_of,  # noqa: E402
-                                       plot_block_grid, plot_decode_heatmap, plot_gantt, request_state, scheduler_html)
+                                       plot_block_grid, plot_decode_heatmap, plot_gantt, plot_load_sweep, request_state,
+                                       scheduler_html)
 
-COST = lambda tokens, rows: 0.01 + 0.001 * tokens  # noqa: E731
+COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,18 @@ def test_scheduler_html_shows_blocks_requests_and_states(tiny):
     assert html.count("la-serving-block la-serving-cached") == len(sched.prefix_cache) >= 1
     assert re.search(r'title="block \d+: cached, refcount 1"', html)
     assert b.cached == 4  # b found a's first block in the cache
+
+
+def test_the_load_sweep_draws_four_latencies_p50_and_p99_per_engine_against_the_load():
+    rows = [{"fraction": f, "server": s, **{f"{k}_{p}_s": f * (2 if s == "static" else 1) * (3 if p == "p99" else 1)
+                                            for k in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p99")}}
+            for f in (0.3, 0.7, 1.2) for s in ("static", "continuous")]
+    fig = plot_load_sweep(rows, 2.5)
+    assert [ax.get_title() for ax in fig.axes] == ["TTFT", "TPOT (mean gap per request)", "ITL (every gap)",
+                                                   "end-to-end latency"]
+    first = fig.axes[0]
+    assert len(first.get_lines()) == 5  # 2 engines x (p50, p99) and the capacity line
+    static_p99 = next(line for line in first.get_lines() if line.get_label() == "static p99")
+    assert list(static_p99.get_ydata()) == pytest.approx([1e3 * 0.3 * 6, 1e3 * 0.7 * 6, 1e3 * 1.2 * 6])
+    assert "2.50 req/s" in fig.axes[-1].get_xlabel() and first.get_ylabel() == "ms"
+    matplotlib.pyplot.close(fig)

@@ -11,8 +11,9 @@ computing for nobody, and one that arrives meanwhile waits for the whole batch: 
 (scheduler.py) fixes both (C15).
 
 The clock: every model call (Engine.call) is timed with device.timed and the engine's clock `now` advances by its
-seconds; when nothing runs it jumps to the next arrival. `cost(tokens, rows)` replaces the measurement by a formula,
-so that tests and pictures can follow a schedule that does not depend on the machine.
+seconds; when nothing runs it jumps to the next arrival. `cost(tokens, rows, context=..., kind=...)` replaces the
+measurement by a formula (cost.StepCost, calibrated from measured step times), so that tests and pictures follow a
+schedule that does not depend on how busy the machine is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -113,6 +115,18 @@ class Request:
         return end_to_end_s(self.arrival_s, self.token_times)
 
 
+class Call(NamedTuple):
+    """One model call of an engine: when it ran on the engine's clock (s), what it was, and its size."""
+
+    start_s: float
+    end_s: float
+    kind: str  # "prefill" or "decode"
+    rows: int  # sequences in the call
+    tokens: int  # new tokens computed, padding included
+    context: int  # cached positions its rows read, all rows together
+    measured_s: float  # its wall time as measured, even when a cost model set the clock
+
+
 class Engine:
     """What both schedulers share: the model, the clock, the requests and how their times are recorded."""
 
@@ -121,15 +135,15 @@ class Engine:
             raise CourseError(f"max_batch must be a whole number of sequences, at least 1, not {max_batch!r}.")
         self.model, self.max_batch, self.cost = model, max_batch, cost
         self.now = 0.0  # seconds on the scheduler's clock
-        self.calls: list[tuple[float, float, str, int, int]] = []  # (start, end, "prefill"/"decode", rows, tokens)
+        self.calls: list[Call] = []  # every model call, in order
 
-    def call(self, kind: str, rows: int, tokens: int, fn):
-        """Run one model call (`kind` "prefill" or "decode", `rows` sequences, `tokens` new tokens in all); the clock
-        advances by its measured time (or by cost(tokens, rows)). Returns what `fn` returns."""
-        seconds, out = timed(fn, self.model.device)
-        if self.cost is not None:
-            seconds = float(self.cost(tokens, rows))
-        self.calls.append((self.now, self.now + seconds, kind, rows, tokens))
+    def call(self, kind: str, rows: int, tokens: int, fn, context: int = 0):
+        """Run one model call (`kind` "prefill" or "decode", `rows` sequences, `tokens` new tokens in all, `context`
+        cached positions read); the clock advances by its measured time, or by cost(tokens, rows, context=context,
+        kind=kind) when the engine has a cost model. Returns what `fn` returns."""
+        measured, out = timed(fn, self.model.device)
+        seconds = measured if self.cost is None else float(self.cost(tokens, rows, context=context, kind=kind))
+        self.calls.append(Call(self.now, self.now + seconds, kind, rows, tokens, context, measured))
         self.now += seconds
         return out
 
@@ -161,8 +175,9 @@ class Engine:
                               "shorten it or make a pool with more blocks.")
 
 
-def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
-    """Request-level batching (see the module text); returns fresh copies of `requests` with outputs and times."""
+def run_static(model, requests, max_batch: int = 8, cost=None, calls: list | None = None) -> list[Request]:
+    """Request-level batching (see the module text); returns fresh copies of `requests` with outputs and times.
+    calls: a list that receives every model call made (Call), as Engine.calls holds them."""
     engine = Engine(model, max_batch, cost)
     for r in requests:  # every request is checked before any is served
         engine.check(r)
@@ -184,8 +199,9 @@ def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
         out = engine.call("prefill", len(batch), len(batch) * longest,
                           lambda: prefill(model, ids, cache, attention_mask=mask))
         for step in range(steps):
-            if step:
-                out = engine.call("decode", len(batch), len(batch), lambda: decode_step(model, nxt, cache))
+            if step:  # every row reads the whole padded rectangle so far
+                out = engine.call("decode", len(batch), len(batch), lambda: decode_step(model, nxt, cache),
+                                  context=len(batch) * (longest + step))
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
             for r, token in zip(batch, nxt[:, 0].tolist()):
                 if not r.done:  # a done row keeps computing: its slot is not given back until the batch ends
@@ -194,4 +210,6 @@ def run_static(model, requests, max_batch: int = 8, cost=None) -> list[Request]:
                 break
         for slot, r in enumerate(batch):  # row i of the batch is slot i
             engine.leave(r, slot, start, retired=True)
+    if calls is not None:
+        calls.extend(engine.calls)
     return sorted(reqs, key=lambda r: r.id)

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..claims import claim
 from ..device import timed
 from ..errors import CourseError
 from .batching import Request
@@ -89,6 +90,32 @@ def simulate_utilisation(lengths_final: list[int], max_len: int, block_size: int
     reserved, paged = len(lengths_final) * max_len, blocks * block_size
     return {"tokens": tokens, "reserve_max_slots": reserved, "paged_slots": paged, "paged_blocks": blocks,
             "reserve_max_utilisation": tokens / reserved, "paged_utilisation": tokens / paged if paged else 1.0}
+
+
+# ShareGPT, as the vLLM paper (Kwon et al., SOSP 2023, section 6.1) reports it: mean 161 prompt and 338 output tokens
+SHAREGPT_MEAN_PROMPT, SHAREGPT_MEAN_OUTPUT = 161.31, 337.99
+
+
+def sharegpt_like_lengths(n: int, seed: int, max_len: int = 2048, sigma: float = 1.0) -> list[int]:
+    """`n` final lengths (prompt + output tokens), each part log-normal with ShareGPT's published mean and shape
+    parameter `sigma` (a heavy tail: a few long ones among many short), at least 1 token each, capped at max_len."""
+    if n < 1 or max_len < 2 or sigma <= 0:
+        raise CourseError(f"Use n >= 1, max_len >= 2 and sigma > 0, not {n}, {max_len} and {sigma}.")
+    rng = np.random.default_rng(seed)
+    mu = lambda mean: math.log(mean) - sigma ** 2 / 2  # noqa: E731  a log-normal's mean is exp(mu + sigma^2 / 2)
+    prompt = rng.lognormal(mu(SHAREGPT_MEAN_PROMPT), sigma, n)
+    output = rng.lognormal(mu(SHAREGPT_MEAN_OUTPUT), sigma, n)
+    return np.clip(np.round(prompt + output), 1, max_len).astype(int).tolist()
+
+
+def claim_paged_holds_real_tokens(lengths_final: list[int], max_len: int, block_size: int = 16):
+    """C14 on a length distribution: paged blocks of `block_size` hold real tokens in >= 90% of their positions,
+    reserving max_len per request in <= 38% (the vLLM paper's figures). Raises ClaimFailed otherwise."""
+    u = simulate_utilisation(lengths_final, max_len, block_size)
+    return claim("C14", u["paged_utilisation"] >= 0.9 and u["reserve_max_utilisation"] <= 0.38,
+                 f"{len(lengths_final):,} requests, {u['tokens']:,} real tokens: reserving {max_len:,} positions each "
+                 f"uses {u['reserve_max_utilisation']:.1%} of the KV memory, paged blocks of {block_size} use "
+                 f"{u['paged_utilisation']:.1%} (the vLLM paper: 20-38% before, over 90% paged)")
 
 
 def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 16):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+from ..claims import claim
 from ..errors import CourseError
 from .paged_kv import BlockAllocator
 
@@ -121,3 +122,17 @@ class PrefixCache:
         for block in self._blocks.values():
             self.allocator.decref(block)
         self._blocks.clear()
+
+
+def claim_hits_skip_work(hit_rates, ttfts_s, prefilled, cached, prompt_lengths):
+    """C16 on a hit-rate sweep (at least two different hit rates): TTFT falls at every step up in hit rate, and each
+    request prefilled exactly the tokens the cache did not hold (prefilled = prompt length - cached). Raises
+    ClaimFailed otherwise."""
+    order = sorted(range(len(hit_rates)), key=lambda i: hit_rates[i])
+    falls = all(ttfts_s[j] < ttfts_s[i] for i, j in zip(order, order[1:]) if hit_rates[j] > hit_rates[i])
+    skipped = [p - c == f for p, c, f in zip(prompt_lengths, cached, prefilled)]
+    return claim("C16", len(set(hit_rates)) > 1 and falls and all(skipped),
+                 "TTFT " + ", ".join(f"{1e3 * ttfts_s[i]:.0f} ms at {hit_rates[i]:.0%}" for i in order)
+                 + f": falls with every hit rate step {falls}; tokens prefilled = prompt - cached for every request "
+                   f"{all(skipped)} (" + ", ".join(f"{prefilled[i]} = {prompt_lengths[i]} - {cached[i]}" for i in order)
+                 + ")")

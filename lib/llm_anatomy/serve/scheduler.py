@@ -135,14 +135,16 @@ class ContinuousScheduler(Engine):
             ids = torch.tensor([[a.request.tokens[a.computed]] for a in decoders], device=device)  # [rows, 1]
             view = RaggedPagedView(self.pool, [a.blocks for a in decoders], [a.computed for a in decoders],
                                    [1] * len(decoders))
-            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view))
+            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view),
+                            context=sum(a.computed for a in decoders))
             produced += self._advance(decoders, [1] * len(decoders), out)
         if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
             rows, news = [a for a, _ in chunks], [n for _, n in chunks]
             ids, _ = left_pad([a.request.tokens[a.computed:a.computed + n] for a, n in chunks],
                               device=device)  # [rows, width]
             view = RaggedPagedView(self.pool, [a.blocks for a in rows], [a.computed for a in rows], news)
-            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view))
+            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view),
+                            context=sum(a.computed for a in rows))
             produced += self._advance(rows, news, out)
         for a, token in produced:  # every token of the iteration comes out when it ends
             self.emit(a.request, token)

@@ -193,3 +193,30 @@ def scheduler_html(scheduler, max_finished: int = 8) -> str:
     return (f'<div class="la-serving-pool" style="display:flex;flex-wrap:wrap;gap:2px;margin:4px 0">{"".join(cells)}'
             f'</div><div class="la-serving-summary" style="font-size:12px;color:#333">{html.escape(summary)}</div>'
             f'<table style="font-size:12px;border-spacing:12px 1px;text-align:left">{head}{"".join(rows)}</table>')
+
+
+def plot_load_sweep(rows, capacity_req_s: float, fig=None):
+    """Latency against load: TTFT, TPOT, ITL and end-to-end latency at p50 (solid) and p99 (dashed), in ms, against
+    the arrival rate as a fraction of the measured capacity, one colour per server (rows: serve.load.load_sweep's)."""
+    import matplotlib.pyplot as plt
+
+    if fig is None:
+        fig = plt.figure(figsize=(10, 5.5))
+    axes = fig.subplots(2, 2, sharex=True).flat
+    colours = {"static": "tab:grey", "continuous": "tab:blue"}
+    for ax, (key, name) in zip(axes, (("ttft", "TTFT"), ("tpot", "TPOT (mean gap per request)"),
+                                      ("itl", "ITL (every gap)"), ("e2e", "end-to-end latency"))):
+        for server in sorted({r["server"] for r in rows}, reverse=True):
+            mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["fraction"])
+            x = [r["fraction"] for r in mine]
+            for pct, style in (("p50", "o-"), ("p99", "s--")):
+                ax.plot(x, [1e3 * r[f"{key}_{pct}_s"] for r in mine], style, color=colours.get(server),
+                        label=f"{server} {pct}", ms=4)
+        ax.axvline(1.0, color="red", lw=0.8, ls=":")
+        ax.set(title=name, ylabel="ms")
+        ax.set_yscale("log")
+    for ax in list(fig.axes)[2:]:
+        ax.set_xlabel(f"arrival rate / capacity ({capacity_req_s:.2f} req/s = 1)")
+    fig.axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

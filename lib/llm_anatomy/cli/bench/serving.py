@@ -4,12 +4,16 @@
     python -m llm_anatomy bench serving --json     # one JSON object instead of the table
     python -m llm_anatomy bench serving --quick    # CI-sized: a few requests, a few tokens
 
-Figures, all on one fixed, seeded trace (Poisson arrivals, mostly short answers and a few long ones):
-- static (request-level) against continuous (iteration-level) batching with the same batch size: throughput,
-  TTFT and TPOT at p50 and p99, goodput under latency targets set from this machine's own decode step, and whether
-  both gave the same greedy tokens;
-- KV memory utilisation, reserve-max-length against paged, for 1,000 requests whose lengths are known only at the
-  end (the vLLM paper: 20-38% for earlier servers, over 90% paged);
+Figures, all on one fixed, seeded mix of requests (mostly short answers and a few long ones):
+- the service rate (capacity) of each engine first: every request waiting at time 0, requests finished per second;
+- static (request-level) against continuous (iteration-level) batching with the same batch size, on a Poisson trace
+  at 0.7x the continuous engine's capacity: throughput, TTFT and TPOT at p50 and p99, goodput under latency
+  targets set from this machine's own decode step, and whether both gave the same greedy tokens;
+- the latency-vs-rate sweep: the same requests at 0.3x to 1.2x that capacity, both engines, TTFT, TPOT, ITL and
+  end-to-end latency at p50 and p99, and goodput as DistServe defines it (the highest rate at which 90% of
+  requests meet both objectives);
+- KV memory utilisation, reserve-max-length against paged, for 1,000 requests whose lengths (ShareGPT's published
+  means, log-normal parts) are known only at the end (the vLLM paper: 20-38% for earlier servers, over 90% paged);
 - prefix caching: TTFT of a request whose long system prompt is not cached, over one whose is;
 - our continuous batching against transformers' own engine (`generate_batch`) on the same requests, all at once.
 Timings depend on the machine and on what else runs on it (`--threads 1` helps on a busy, shared machine).
@@ -24,17 +28,18 @@ import torch
 
 from . import parser, progress, report, set_threads
 
+LOAD = 0.7  # the headline trace's arrival rate, as a fraction of the continuous engine's capacity
 AIMS = {"continuous_over_static_throughput": 2.0, "paged_utilisation": 0.9, "prefix_hit_ttft_speedup": 3.0}
 
 
 def _sizes(device: torch.device, quick: bool) -> dict:
     if quick:
-        return dict(n=8, rate=50.0, prompts=[8, 16], outputs=[2, 2, 3, 8], batch=4, budget=64, system=64,
+        return dict(n=8, prompts=[8, 16], outputs=[2, 2, 3, 8], batch=4, budget=64, system=64,
                     question=8, hits=2, cb_requests=4, cb_tokens=4)
     if device.type == "cuda":
-        return dict(n=64, rate=200.0, prompts=[32, 64, 128, 256], outputs=[8, 8, 16, 16, 16, 128, 256], batch=16,
+        return dict(n=64, prompts=[32, 64, 128, 256], outputs=[8, 8, 16, 16, 16, 128, 256], batch=16,
                     budget=512, system=2048, question=32, hits=3, cb_requests=16, cb_tokens=32)
-    return dict(n=32, rate=40.0, prompts=[16, 32, 64], outputs=[4, 4, 6, 6, 8, 48, 64], batch=8, budget=128,
+    return dict(n=32, prompts=[16, 32, 64], outputs=[4, 4, 6, 6, 8, 48, 64], batch=8, budget=128,
                 system=512, question=16, hits=3, cb_requests=8, cb_tokens=16)
 
 
@@ -59,10 +64,11 @@ def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_si
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, dtype: str = "fp32",
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from ...serve.batching import run_static
     from ...device import pick_device
+    from ...serve.load import SWEEP, engines, goodput_rate, load_sweep, service_rate
     from ...measure.timing import decode_tokens_per_s
-    from ...serve.metrics import poisson_trace, serving_metrics, simulate_utilisation, transformers_generate_batch
+    from ...serve.metrics import (poisson_trace, serving_metrics, sharegpt_like_lengths, simulate_utilisation,
+                                  transformers_generate_batch)
     from ...weights.random import random_llama
     from ...serve.paged_kv import PagedKVPool, blocks_for
     from ...serve.scheduler import ContinuousScheduler
@@ -83,27 +89,39 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     result = {"device": dev.type, "dtype": dtype, "model": model_size, "threads": torch.get_num_threads(),
               "quick": quick, "aims": AIMS}
 
-    # 1. static against continuous batching on one seeded trace
-    trace = poisson_trace(sizes["n"], sizes["rate"], sizes["prompts"], sizes["outputs"], seed=8, vocab_size=vocab)
+    # 1. capacity first, then static against continuous batching on one seeded trace at a stated fraction of it
+    mix = poisson_trace(sizes["n"], 1.0, sizes["prompts"], sizes["outputs"], seed=8, vocab_size=vocab)
+    most = max(len(r.prompt) + r.max_new_tokens for r in mix)
+    servers = engines(model, sizes["batch"], most, max_batched_tokens=sizes["budget"], block_size=block_size)
+    log(f"capacity: {len(mix)} requests waiting at once, static then continuous (batch {sizes['batch']}) ...")
+    capacity = {name: service_rate(serve, mix) for name, serve in servers.items()}
     step_s = 1 / decode_tokens_per_s(model, 1, max(sizes["prompts"]))  # this machine's batch-1 decode step
     targets = {"ttft_target_s": 50 * step_s, "tpot_target_s": 4 * step_s}
-    log(f"serving {len(trace)} requests, static then continuous batching (batch {sizes['batch']}) ...")
-    static = run_static(model, trace, max_batch=sizes["batch"])
-    most = max(len(r.prompt) + r.max_new_tokens for r in trace)
-    pool = PagedKVPool.for_model(model, sizes["batch"] * blocks_for(most, block_size) + 8, block_size)
-    cont = ContinuousScheduler(model, pool, sizes["batch"], sizes["budget"]).run(trace)
+    rate = LOAD * capacity["continuous"]
+    trace = poisson_trace(sizes["n"], rate, sizes["prompts"], sizes["outputs"], seed=8, vocab_size=vocab)
+    log(f"serving {len(trace)} requests at {LOAD}x capacity, static then continuous batching ...")
+    static, cont = servers["static"](trace), servers["continuous"](trace)
     s, c = serving_metrics(static, **targets), serving_metrics(cont, **targets)
-    result["trace"] = {"requests": len(trace), "rate_per_s": sizes["rate"], "max_batch": sizes["batch"],
+    result["capacity_req_s"] = capacity
+    result["trace"] = {"requests": len(trace), "rate_per_s": rate, "load": LOAD, "max_batch": sizes["batch"],
                        "max_batched_tokens": sizes["budget"], **targets,
                        "same_tokens": all(a.output == b.output for a, b in zip(static, cont))}
     result["static"], result["continuous"] = s, c
-    result["continuous_over_static_throughput"] = c["throughput_tok_s"] / s["throughput_tok_s"]
+    mean_tokens = sum(r.max_new_tokens for r in mix) / len(mix)
+    result["continuous_over_static_throughput"] = capacity["continuous"] / capacity["static"]  # saturated, same tokens
+    result["capacity_tokens_per_s"] = {k: v * mean_tokens for k, v in capacity.items()}
     log(f"  static {s['throughput_tok_s']:.1f} tokens/s, continuous {c['throughput_tok_s']:.1f} tokens/s")
+    log("latency against load: the same requests at 0.3x to 1.2x capacity ...")
+    sweep = load_sweep(servers, capacity["continuous"], sizes["n"], sizes["prompts"], sizes["outputs"],
+                       fractions=SWEEP if not quick else (0.3, 0.7, 1.2), ttft_slo_s=targets["ttft_target_s"],
+                       tpot_slo_s=targets["tpot_target_s"], short_tokens=min(sizes["outputs"]), seed=8,
+                       vocab_size=vocab)
+    result["load_sweep"] = [{k: v for k, v in row.items() if k != "outputs"} for row in sweep]
+    result["goodput_distserve_req_s"] = {name: goodput_rate(sweep, name) for name in servers}
 
     # 2. KV memory: reserve the maximum length, or hand out blocks as the sequences grow
-    rng = np.random.default_rng(0)
-    lengths = np.minimum(rng.integers(20, 200, 1000) + np.round(rng.lognormal(5.0, 1.0, 1000)), 2048).astype(int)
-    result["kv_utilisation"] = {**simulate_utilisation(lengths.tolist(), max_len=2048, block_size=block_size),
+    lengths = sharegpt_like_lengths(1000, seed=0, max_len=2048)  # ShareGPT's published means, log-normal parts
+    result["kv_utilisation"] = {**simulate_utilisation(lengths, max_len=2048, block_size=block_size),
                                 "requests": 1000, "max_len": 2048, "block_size": block_size}
 
     # 3. prefix caching: a long shared system prompt, cold against warm
@@ -135,7 +153,10 @@ def format_table(r: dict) -> str:
     s, c, t = r["static"], r["continuous"], r["trace"]
     lines = [f"serving on {r['device']} ({r['dtype']}, {r['threads']} threads), model {r['model']}"
              + (" [quick]" if r["quick"] else ""),
-             f"trace: {t['requests']} requests, Poisson {t['rate_per_s']:g}/s, batch {t['max_batch']}, "
+             f"capacity (all waiting at once): static {r['capacity_req_s']['static']:.2f} req/s, continuous "
+             f"{r['capacity_req_s']['continuous']:.2f} req/s",
+             f"trace: {t['requests']} requests, Poisson {t['rate_per_s']:.2f}/s ({t['load']:g}x capacity), batch "
+             f"{t['max_batch']}, "
              f"max batched tokens {t['max_batched_tokens']}; same greedy tokens: {t['same_tokens']}",
              f"{'':<12}{'tokens/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}{'goodput':>9}"]
     for name, m in (("static", s), ("continuous", c)):
@@ -143,7 +164,17 @@ def format_table(r: dict) -> str:
                      f"{m['ttft_p99_s'] * 1e3:>8.0f}ms{m['tpot_p50_s'] * 1e3:>8.1f}ms{m['tpot_p99_s'] * 1e3:>8.1f}ms"
                      f"{m['goodput_req_s']:>7.2f}/s")
     a = r["aims"]
-    lines.append(f"continuous / static throughput: {r['continuous_over_static_throughput']:.2f}x "
+    lines.append(f"{'load':>5} {'engine':<11}{'TTFT p50':>9}{'p99':>8}{'TPOT p50':>9}{'p99':>8}{'ITL p99':>8}"
+                 f"{'E2E p99':>8}{'met both':>9}")
+    for row in r["load_sweep"]:
+        lines.append(f"{row['fraction']:>4}x {row['server']:<11}{row['ttft_p50_s'] * 1e3:>7.0f}ms"
+                     f"{row['ttft_p99_s'] * 1e3:>6.0f}ms{row['tpot_p50_s'] * 1e3:>7.1f}ms"
+                     f"{row['tpot_p99_s'] * 1e3:>6.1f}ms"
+                     f"{row['itl_p99_s'] * 1e3:>6.0f}ms{row['e2e_p99_s'] * 1e3:>6.0f}ms{row['attainment']:>9.0%}")
+    lines.append("goodput (DistServe: highest rate with >= 90% meeting both objectives): "
+                 + ", ".join(f"{k} {v:.2f} req/s" for k, v in r["goodput_distserve_req_s"].items()))
+    lines.append("continuous / static capacity (all waiting, same tokens): "
+                 f"{r['continuous_over_static_throughput']:.2f}x "
                  f"(aim >= {a['continuous_over_static_throughput']:g}x); goodput targets TTFT <= "
                  f"{t['ttft_target_s'] * 1e3:.0f} ms, TPOT <= {t['tpot_target_s'] * 1e3:.0f} ms")
     kv = r["kv_utilisation"]

@@ -1,0 +1,164 @@
+"""The scheduler's cost model: what one model call costs, calibrated from step times measured on this machine.
+
+A served trace's latencies come from hundreds of model calls. Timed one by one on a busy machine, any of them can
+stall, and a picture drawn from them (who waits for whom, where a spike comes from) can change from run to run.
+So the pictures and the claims of notebook 08 follow a clock driven by a formula, fitted once to interleaved
+measurements of the real model (repeats taken in rounds, their medians fitted):
+
+    decode call   = decode_call_s  + decode_row_s * rows  + context_s * positions read
+    prefill call  = prefill_call_s + prefill_token_s * tokens  + context_s * positions read
+
+`rows` are the sequences of the call, `tokens` the new tokens it computes (padding included: a padded rectangle
+computes its pad columns too), and `positions read` the cached positions its rows attend to, each row its own
+(so a batch shares the weight reads, decode_call_s, but not its KV reads: claim C13). `Engine(cost=StepCost)`
+advances its clock by this formula instead of the measured time; the tokens are still the real model's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..claims import claim
+from ..errors import CourseError
+from ..generate.decode import decode_step, prefill
+from ..measure.timing import Timing, time_interleaved
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of one model call (see the module text); every coefficient is >= 0."""
+
+    decode_call_s: float
+    decode_row_s: float
+    prefill_call_s: float
+    prefill_token_s: float
+    context_s: float
+
+    def __post_init__(self):
+        if any(not np.isfinite(v) or v < 0 for v in vars(self).values()):
+            raise CourseError(f"Every coefficient of a StepCost must be a finite number >= 0, not {vars(self)}.")
+
+    def __call__(self, tokens: int, rows: int, *, context: int = 0, kind: str = "decode") -> float:
+        """Seconds of a call of `kind` ("prefill" or "decode") with `rows` sequences, `tokens` new tokens in all and
+        `context` cached positions read (all rows together)."""
+        if kind == "decode":
+            return self.decode_call_s + self.decode_row_s * rows + self.context_s * context
+        if kind == "prefill":
+            return self.prefill_call_s + self.prefill_token_s * tokens + self.context_s * context
+        raise CourseError(f"A model call is a 'prefill' or a 'decode', not {kind!r}.")
+
+    def decode_step_s(self, batch: int, context: int) -> float:
+        """One decode step of `batch` rows of `context` cached positions each, seconds."""
+        return self(batch, batch, context=batch * context, kind="decode")
+
+    def prefill_s(self, tokens: int, cached: int = 0) -> float:
+        """A one-row prefill of `tokens` new tokens after `cached` positions already in the cache, seconds."""
+        return self(tokens, 1, context=cached, kind="prefill")
+
+
+@dataclass
+class Calibration:
+    """A StepCost fitted to measurements, with the measurements kept beside it.
+
+    decode: {(batch, context): Timing of one decode step}; prefill: {tokens: Timing of a one-row prefill};
+    fit_error: the largest |predicted - measured median| / measured median over every point, 0 to 1 and more.
+    """
+
+    cost: StepCost
+    decode: dict = field(repr=False)
+    prefill: dict = field(repr=False)
+    fit_error: float
+
+    @property
+    def timings(self) -> list[Timing]:
+        return [*self.decode.values(), *self.prefill.values()]
+
+    @property
+    def spread(self) -> float:
+        """The largest spread of any measured point (Timing.spread): how busy the machine was while it measured."""
+        return max(t.spread for t in self.timings)
+
+    def noise_warning(self) -> str:
+        """The noisiest point's warning, or '' when every point's repeats agree."""
+        return max((t for t in self.timings), key=lambda t: t.spread).noise_warning()
+
+
+def _nonnegative_fit(columns: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a negative cost would be nonsense): drop the most negative and
+    fit again, until none is left."""
+    keep = list(range(columns.shape[1]))
+    while True:
+        coef = np.zeros(columns.shape[1])
+        coef[keep] = np.linalg.lstsq(columns[:, keep], seconds, rcond=None)[0]
+        if coef.min() >= 0:
+            return coef
+        keep.remove(int(coef.argmin()))
+
+
+def fit_step_cost(decode: dict, prefill: dict) -> StepCost:
+    """Fit the coefficients to measured median seconds: decode {(batch, context): s}, prefill {tokens: s} (one row,
+    nothing cached). Needs at least 3 decode points of 2+ batch sizes and 2+ contexts, and 2 prefill lengths."""
+    if len(decode) < 3 or len({b for b, _ in decode}) < 2 or len({c for _, c in decode}) < 2 or len(prefill) < 2:
+        raise CourseError("A cost fit needs decode steps at 2+ batch sizes and 2+ contexts (3+ points), and "
+                          "prefills of 2+ lengths.")
+    d_cols = np.array([[1.0, b, b * c] for b, c in decode])  # [points, 3]: call, rows, positions read
+    call_d, row_d, context = _nonnegative_fit(d_cols, np.array(list(decode.values())))
+    p_cols = np.array([[1.0, n] for n in prefill])  # [points, 2]: call, tokens
+    call_p, token_p = _nonnegative_fit(p_cols, np.array(list(prefill.values())))
+    return StepCost(float(call_d), float(row_d), float(call_p), float(token_p), float(context))
+
+
+def calibrate(model, batches=(1, 4, 16), contexts=(256, 1024), prompt_lengths=(16, 64, 256), *,
+              max_positions: int = 16384, repeats: int = 5) -> Calibration:
+    """Measure decode steps over batches x contexts (batch x context <= max_positions) and one-row prefills of
+    `prompt_lengths`, all interleaved in rounds, and fit a StepCost to their medians."""
+    device = model.device
+    work = {}
+    for b in batches:
+        for c in contexts:
+            if b * c <= max_positions:
+                cache = model.new_cache(b, c + 1)
+                token = torch.zeros(b, 1, dtype=torch.long, device=device)  # [batch, 1]
+
+                def step(cache=cache, token=token, c=c):
+                    cache.length = c  # as if c positions had been prefilled: a step's time does not depend on values
+                    decode_step(model, token, cache)
+                work[("decode", b, c)] = step
+    rng = np.random.default_rng(0)
+    for n in prompt_lengths:
+        ids = torch.tensor([rng.integers(3, model.cfg.vocab_size, n).tolist()], device=device)  # [1, n]
+        work[("prefill", n)] = lambda ids=ids: prefill(model, ids, model.new_cache(1, ids.shape[1]))
+    with torch.inference_mode():
+        timings = time_interleaved(work, device, warmup=1, repeats=repeats)
+    decode = {(k[1], k[2]): t for k, t in timings.items() if k[0] == "decode"}
+    filled = {k[1]: t for k, t in timings.items() if k[0] == "prefill"}
+    cost = fit_step_cost({k: t.median_s for k, t in decode.items()}, {k: t.median_s for k, t in filled.items()})
+    errors = [abs(cost.decode_step_s(b, c) - t.median_s) / t.median_s for (b, c), t in decode.items()]
+    errors += [abs(cost.prefill_s(n) - t.median_s) / t.median_s for n, t in filled.items()]
+    return Calibration(cost, decode, filled, float(max(errors)))
+
+
+def predicted_seconds(cost: StepCost, calls) -> float:
+    """What a list of Engine.calls entries would have taken under `cost` (to compare a measured run with the model)."""
+    return statistics.fsum(cost(tokens, rows, context=context, kind=kind)
+                           for _, _, kind, rows, tokens, context, _ in calls)
+
+
+def claim_step_grows_less_than_batch(calibration: Calibration):
+    """C13 on measured decode steps: at the shortest context measured, a step of the biggest batch took less than
+    batch times a step of one sequence (the weights are read once for all rows). Medians of interleaved repeats;
+    raises ClaimFailed otherwise."""
+    context = min(c for _, c in calibration.decode)
+    batches = sorted(b for b, c in calibration.decode if c == context)
+    one, big = batches[0], batches[-1]
+    if one != 1 or big == 1:
+        raise CourseError("C13's check needs decode steps of batch 1 and of a bigger batch at the same context.")
+    t_one, t_big = calibration.decode[(1, context)].median_s, calibration.decode[(big, context)].median_s
+    return claim("C13", t_big < big * t_one,
+                 f"at {context:,} tokens of context, a decode step of {big} rows took {t_big / t_one:.1f}x the step of "
+                 f"one ({t_big * 1e3:.0f} vs {t_one * 1e3:.0f} ms, medians of interleaved repeats): less than {big}x, "
+                 f"so the batch made {big * t_one / t_big:.1f}x the tokens/s")

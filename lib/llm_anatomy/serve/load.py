@@ -1,0 +1,141 @@
+"""Load from measured capacity: an engine's service rate first, then arrival rates as stated fractions of it (C15).
+
+A latency figure means nothing without the load it was taken at. Below capacity a server keeps up and a request
+waits only for its own work; past it the queue grows without bound and every latency with it, whatever the
+scheduler. So we measure the service rate first (`service_rate`: every request of a trace waiting at time 0, how
+many requests per second the engine finishes), then send Poisson traces at fractions of it (`load_sweep`, 0.3x to
+1.2x) and read TTFT, TPOT, ITL and end-to-end latency at p50 and p99 against the rate, static against continuous.
+
+Goodput, as DistServe (Zhong et al., OSDI 2024) defines it: the highest request rate at which a target share of
+requests (90% here) meet both latency objectives (TTFT and TPOT); `goodput_rate` reads it off a sweep, to the
+resolution of the rates swept.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from ..claims import Verdict, claim
+from ..errors import CourseError
+from .batching import Request, run_static
+from .metrics import poisson_trace, serving_metrics
+from .paged_kv import PagedKVPool, blocks_for
+from .scheduler import ContinuousScheduler
+
+SWEEP = (0.3, 0.5, 0.7, 0.9, 1.0, 1.2)  # arrival rate / service rate
+ATTAINMENT = 0.9  # DistServe's goal: 90% of requests meet both objectives
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """Run the block with `n` torch threads (None: as they are). A tiny stand-in model gains nothing from more than
+    one, and on a busy machine extra threads wait for each other far longer than they compute."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def engines(model, max_batch: int, max_len: int, cost=None, max_batched_tokens: int | None = None,
+            block_size: int = 16) -> dict:
+    """{"static": serve, "continuous": serve}: functions from a list of requests to the served copies, both with
+    `max_batch` rows, the continuous one over a pool that holds max_batch requests of max_len positions."""
+    blocks = max_batch * blocks_for(max_len, block_size) + 4
+
+    def continuous(requests):
+        pool = PagedKVPool.for_model(model, blocks, block_size)
+        return ContinuousScheduler(model, pool, max_batch, max_batched_tokens, cost=cost).run(requests)
+
+    return {"static": lambda requests: run_static(model, requests, max_batch, cost=cost), "continuous": continuous}
+
+
+def service_rate(serve, requests) -> float:
+    """Requests per second `serve` finishes when every request of `requests` waits from time 0 (the engine's
+    capacity on this mix of lengths)."""
+    if not requests:
+        raise CourseError("Give at least one request to measure a service rate with.")
+    waiting = [Request(r.prompt, r.max_new_tokens, 0.0, r.eos_token_id) for r in requests]
+    served = serve(waiting)
+    return len(served) / max(r.token_times[-1] for r in served)
+
+
+def slo_attainment(requests, ttft_slo_s: float, tpot_slo_s: float) -> float:
+    """The share of requests (0 to 1) that met both objectives: TTFT <= ttft_slo_s and TPOT <= tpot_slo_s."""
+    met = [r.ttft_s <= ttft_slo_s and r.mean_token_gap_s <= tpot_slo_s for r in requests]
+    return sum(met) / len(met)
+
+
+def load_sweep(servers: dict, capacity_req_s: float, n: int, prompt_lengths, output_lengths, *,
+               fractions=SWEEP, ttft_slo_s: float, tpot_slo_s: float, short_tokens: int, seed: int = 0,
+               vocab_size: int = 49152, tokens=None, threads: int | None = None) -> list[dict]:
+    """Serve one Poisson trace per fraction of `capacity_req_s` with every server; a row per (fraction, server).
+
+    Each row: fraction, rate_req_s, server, serving_metrics' figures (p50/p99 of TTFT, TPOT, ITL, end-to-end),
+    attainment (share meeting both objectives), short_ttft_p50_s (requests with max_new_tokens <= short_tokens),
+    and the outputs (to check that both servers gave the same tokens). The same seed at every rate: only the gaps
+    between arrivals change with the rate, never the requests. threads: torch threads while it serves (torch_threads).
+    """
+    if capacity_req_s <= 0 or not fractions or min(fractions) <= 0:
+        raise CourseError(f"Give a capacity > 0 and fractions > 0, not {capacity_req_s} and {list(fractions)}.")
+    rows = []
+    with torch_threads(threads):
+        for fraction in fractions:
+            rows += _serve_at(servers, fraction, capacity_req_s, n, prompt_lengths, output_lengths, ttft_slo_s,
+                              tpot_slo_s, short_tokens, seed, vocab_size, tokens)
+    return rows
+
+
+def _serve_at(servers, fraction, capacity_req_s, n, prompt_lengths, output_lengths, ttft_slo_s, tpot_slo_s,
+              short_tokens, seed, vocab_size, tokens) -> list[dict]:
+    """One trace at fraction x capacity, served by every server: its rows of the sweep."""
+    rows = []
+    trace = poisson_trace(n, fraction * capacity_req_s, prompt_lengths, output_lengths, seed=seed,
+                          vocab_size=vocab_size, tokens=tokens)
+    shorts = [i for i, r in enumerate(trace) if r.max_new_tokens <= short_tokens]
+    if not shorts:
+        raise CourseError(f"No request of the trace has max_new_tokens <= short_tokens = {short_tokens}.")
+    for name, serve in servers.items():
+        served = serve(trace)
+        rows.append({"fraction": fraction, "rate_req_s": fraction * capacity_req_s, "server": name,
+                     **serving_metrics(served, ttft_slo_s, tpot_slo_s),
+                     "attainment": slo_attainment(served, ttft_slo_s, tpot_slo_s),
+                     "short_ttft_p50_s": float(np.median([served[i].ttft_s for i in shorts])),
+                     "outputs": [r.output for r in served]})
+    return rows
+
+
+def goodput_rate(rows, server: str, attainment: float = ATTAINMENT) -> float:
+    """DistServe's goodput of `server` from a sweep: the highest swept rate (req/s) at which, and at every lower
+    swept rate, at least `attainment` of requests met both objectives; 0.0 when even the lowest rate missed."""
+    best = 0.0
+    for row in sorted((r for r in rows if r["server"] == server), key=lambda r: r["rate_req_s"]):
+        if row["attainment"] < attainment:
+            break
+        best = row["rate_req_s"]
+    return best
+
+
+def claim_short_requests_wait_less(rows, up_to: float = 1.0, strictly_from: float = 0.7) -> Verdict:
+    """C15 on a sweep: at every load up to `up_to` x capacity, short requests' TTFT p50 is no higher under continuous
+    batching than under static batching at the same rate (the same trace), and lower from `strictly_from` x on,
+    where arrivals meet a running batch (at light load both engines are idle when a request comes, and both give it
+    its prefill at once). Raises ClaimFailed otherwise."""
+    pairs = {}
+    for row in rows:
+        if row["fraction"] <= up_to:
+            pairs.setdefault(row["fraction"], {})[row["server"]] = row["short_ttft_p50_s"]
+    if not any(f >= strictly_from for f in pairs) or any(set(p) != {"static", "continuous"} for p in pairs.values()):
+        raise CourseError(f"The sweep needs a static and a continuous row at each load, one of them at "
+                          f"{strictly_from}x or more.")
+    holds = all(p["continuous"] < p["static"] if f >= strictly_from else p["continuous"] <= p["static"]
+                for f, p in pairs.items())
+    text = ", ".join(f"{f:g}x: {1e3 * p['continuous']:.0f} vs {1e3 * p['static']:.0f} ms"
+                     for f, p in sorted(pairs.items()))
+    return claim("C15", holds, f"short requests' TTFT p50, continuous vs static at the same load: {text} (lower from "
+                               f"{strictly_from:g}x, never higher)")

@@ -1,0 +1,83 @@
+"""The scheduler's cost model (serve/cost.py): its formula, its fit to measured steps, and claim C13's check."""
+
+from __future__ import annotations
+
+import pytest
+from llm_anatomy.weights.random import random_llama
+
+from llm_anatomy.claims import ClaimFailed
+from llm_anatomy.errors import CourseError
+from llm_anatomy.measure.timing import Timing
+from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.serve.batching import Request, run_static
+from llm_anatomy.serve.cost import (Calibration, StepCost, calibrate, claim_step_grows_less_than_batch,
+                                    fit_step_cost, predicted_seconds)
+from llm_anatomy.serve.paged_kv import PagedKVPool
+from llm_anatomy.serve.scheduler import ContinuousScheduler
+
+COST = StepCost(decode_call_s=0.05, decode_row_s=0.002, prefill_call_s=0.06, prefill_token_s=0.001, context_s=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(random_llama())
+
+
+def test_the_formula_charges_the_weights_once_per_call_and_the_kv_per_row():
+    assert COST.decode_step_s(1, 100) == pytest.approx(0.05 + 0.002 + 1e-4)
+    assert COST.decode_step_s(8, 100) == pytest.approx(0.05 + 0.016 + 8e-4)
+    assert COST.decode_step_s(8, 100) < 8 * COST.decode_step_s(1, 100)
+    assert COST.prefill_s(64, cached=32) == pytest.approx(0.06 + 0.064 + 32e-6)
+    with pytest.raises(CourseError, match="prefill' or a 'decode"):
+        COST(1, 1, kind="verify")
+    with pytest.raises(CourseError, match=">= 0"):
+        StepCost(-1.0, 0, 0, 0, 0)
+
+
+def test_the_fit_recovers_the_coefficients_of_exact_times():
+    decode = {(b, c): COST.decode_step_s(b, c) for b in (1, 4, 16) for c in (256, 1024)}
+    prefill = {n: COST.prefill_s(n) for n in (16, 64, 256)}
+    fitted = fit_step_cost(decode, prefill)
+    for name, value in vars(COST).items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=1e-6, abs=1e-12)
+    with pytest.raises(CourseError, match="2\\+ batch sizes"):
+        fit_step_cost({(1, 256): 0.1, (1, 1024): 0.2, (1, 4096): 0.3}, prefill)
+
+
+def test_a_fit_never_gives_a_negative_cost():
+    decode = {(1, 256): 0.05, (4, 256): 0.05, (1, 1024): 0.04, (4, 1024): 0.04}  # noise: longer context, faster
+    fitted = fit_step_cost(decode, {16: 0.02, 64: 0.05})
+    assert min(vars(fitted).values()) >= 0
+
+
+def test_calibrate_measures_every_point_and_fits_them(tiny):
+    cal = calibrate(tiny, batches=(1, 2), contexts=(8, 32), prompt_lengths=(4, 16), repeats=2)
+    assert set(cal.decode) == {(1, 8), (1, 32), (2, 8), (2, 32)} and set(cal.prefill) == {4, 16}
+    assert all(len(t.times_s) == 2 for t in cal.timings) and cal.fit_error >= 0
+    assert isinstance(cal.noise_warning(), str)
+
+
+def test_the_engine_clock_follows_the_cost_model_and_the_tokens_stay_the_models(tiny):
+    requests = [Request([5, 6, 7], 4), Request([9] * 9, 2, arrival_s=0.01)]
+    measured = run_static(tiny, requests, max_batch=2)
+    modelled = run_static(tiny, requests, max_batch=2, cost=COST)
+    assert [r.output for r in measured] == [r.output for r in modelled]
+    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 16, 4), 2, cost=COST)
+    served = sched.run(requests)
+    assert sched.now == pytest.approx(predicted_seconds(COST, sched.calls))
+    decodes = [c for c in sched.calls if c.kind == "decode"]
+    assert decodes and all(c.end_s - c.start_s == pytest.approx(COST(c.tokens, c.rows, context=c.context))
+                           for c in decodes)
+    assert [r.output for r in served] == [r.output for r in measured]
+
+
+def _calibration(step_1: float, step_16: float) -> Calibration:
+    decode = {(1, 256): Timing([step_1] * 3, 1), (16, 256): Timing([step_16] * 3, 1),
+              (1, 1024): Timing([step_1] * 3, 1)}
+    return Calibration(COST, decode, {16: Timing([0.1] * 3, 1)}, 0.0)
+
+
+def test_c13_holds_when_a_batch_step_grows_less_than_the_batch_and_fails_when_it_does_not():
+    assert "C13 holds" in str(claim_step_grows_less_than_batch(_calibration(0.06, 0.2)))
+    with pytest.raises(ClaimFailed, match="C13 NOT shown"):  # evidence broken: 16 rows cost 16 steps and more
+        claim_step_grows_less_than_batch(_calibration(0.06, 16 * 0.06 + 0.01))

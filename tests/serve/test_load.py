@@ -1,0 +1,99 @@
+"""Load from measured capacity (serve/load.py): service rate, the sweep, DistServe's goodput and claim C15's check."""
+
+from __future__ import annotations
+
+import pytest
+from llm_anatomy.weights.random import random_llama
+
+from llm_anatomy.claims import ClaimFailed
+from llm_anatomy.errors import CourseError
+from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.serve.cost import StepCost
+from llm_anatomy.serve.load import (claim_short_requests_wait_less, engines, goodput_rate, load_sweep,
+                                    service_rate, slo_attainment)
+from llm_anatomy.serve.metrics import poisson_trace
+
+COST = StepCost(decode_call_s=0.05, decode_row_s=0.004, prefill_call_s=0.06, prefill_token_s=0.0015, context_s=2e-6)
+PROMPTS, OUTPUTS = [4, 8, 12], [2, 2, 3, 16]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ScratchLlama.from_hf(random_llama())
+
+
+@pytest.fixture(scope="module")
+def servers(tiny):
+    return engines(tiny, 3, max(PROMPTS) + max(OUTPUTS), cost=COST, block_size=4)
+
+
+@pytest.fixture(scope="module")
+def sweep(servers):
+    base = poisson_trace(10, 1.0, PROMPTS, OUTPUTS, seed=2, vocab_size=128)
+    capacity = service_rate(servers["continuous"], base)
+    step = COST.decode_step_s(1, 8)
+    rows = load_sweep(servers, capacity, 10, PROMPTS, OUTPUTS, fractions=(0.3, 0.7, 1.2), ttft_slo_s=12 * step,
+                      tpot_slo_s=2 * step, short_tokens=3, seed=2, vocab_size=128, threads=1)
+    return capacity, rows
+
+
+def test_the_service_rate_is_requests_over_the_time_to_serve_them_all(servers):
+    trace = poisson_trace(6, 5.0, PROMPTS, OUTPUTS, seed=1, vocab_size=128)
+    rate = service_rate(servers["continuous"], trace)
+    served = servers["continuous"]([r.fresh() for r in trace])
+    assert rate > 0 and service_rate(servers["continuous"], trace) == rate  # the cost model: the same every time
+    assert rate >= len(served) / max(r.token_times[-1] for r in served)  # all waiting at 0 beats the arrivals
+    assert service_rate(servers["continuous"], trace) > service_rate(servers["static"], trace)
+    with pytest.raises(CourseError, match="at least one request"):
+        service_rate(servers["static"], [])
+
+
+def test_the_sweep_serves_the_same_requests_at_every_rate_with_the_same_tokens(sweep):
+    capacity, rows = sweep
+    assert [(r["fraction"], r["server"]) for r in rows] == [(f, s) for f in (0.3, 0.7, 1.2)
+                                                           for s in ("static", "continuous")]
+    assert all(r["rate_req_s"] == pytest.approx(r["fraction"] * capacity) for r in rows)
+    assert len({str(r["outputs"]) for r in rows}) == 1  # both servers, every rate: the same greedy tokens
+    for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s",
+                "e2e_p99_s"):
+        assert all(r[key] >= 0 for r in rows)
+    cont = [r for r in rows if r["server"] == "continuous"]
+    assert cont[-1]["ttft_p99_s"] > cont[0]["ttft_p99_s"]  # past capacity the queue grows
+
+
+def test_goodput_is_the_highest_rate_whose_attainment_and_every_lower_ones_meet_the_goal():
+    rows = [{"server": "s", "rate_req_s": r, "attainment": a} for r, a in ((1, 1.0), (2, 0.95), (3, 0.8), (4, 0.95))]
+    assert goodput_rate(rows, "s") == 2  # 4 req/s met it again, but 3 did not: the goodput stops at 2
+    assert goodput_rate(rows, "s", attainment=0.7) == 4
+    assert goodput_rate([{"server": "s", "rate_req_s": 1, "attainment": 0.5}], "s") == 0.0
+
+
+def test_attainment_counts_the_requests_that_met_both_objectives(servers):
+    served = servers["continuous"](poisson_trace(6, 5.0, PROMPTS, OUTPUTS, seed=1, vocab_size=128))
+    assert slo_attainment(served, 1e9, 1e9) == 1.0 and slo_attainment(served, 0.0, 1e9) == 0.0
+
+
+def test_c15_holds_on_the_sweep(sweep):
+    assert "C15 holds" in str(claim_short_requests_wait_less(sweep[1]))
+
+
+def test_c15_fails_when_continuous_batching_waits_like_static_batching(servers):
+    # evidence broken: the "continuous" engine batches request by request, as static batching does
+    broken = {"static": servers["static"], "continuous": servers["static"]}
+    step = COST.decode_step_s(1, 8)
+    rows = load_sweep(broken, 3.0, 10, PROMPTS, OUTPUTS, fractions=(0.5, 0.9), ttft_slo_s=12 * step,
+                      tpot_slo_s=2 * step, short_tokens=3, seed=2, vocab_size=128, threads=1)
+    with pytest.raises(ClaimFailed, match="C15 NOT shown"):
+        claim_short_requests_wait_less(rows)
+    faster = [dict(r, short_ttft_p50_s=r["short_ttft_p50_s"] * (0.5 if r["server"] == "static" else 1)) for r in rows]
+    with pytest.raises(ClaimFailed, match="C15 NOT shown"):  # static batching's short requests served sooner
+        claim_short_requests_wait_less(faster)
+    with pytest.raises(CourseError, match="one of them at 0.7x"):
+        claim_short_requests_wait_less([r for r in rows if r["fraction"] < 0.7])
+
+
+def test_a_sweep_without_short_requests_or_a_capacity_is_refused(servers):
+    with pytest.raises(CourseError, match="short_tokens"):
+        load_sweep(servers, 1.0, 4, PROMPTS, [16], ttft_slo_s=1, tpot_slo_s=1, short_tokens=3, vocab_size=128)
+    with pytest.raises(CourseError, match="capacity > 0"):
+        load_sweep(servers, 0.0, 4, PROMPTS, OUTPUTS, ttft_slo_s=1, tpot_slo_s=1, short_tokens=3, vocab_size=128)
