@@ -9,12 +9,14 @@
     generate/   sampling decode session steps chat   05 Generation, 06 (the one decoding loop: prefill, decode_step)
     measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with:
                 exactness stats quality                 the checks against transformers, chi-squared, quality losses
-    serve/      batching paged_kv prefix_cache ...   08 Serving many users
-    fast/       gguf_blocks quantize speculative ... 09 Making decode fast
+    serve/      batching paged_kv prefix_cache ...   08 Serving many users (scheduler metrics cost load)
+    fast/       gguf_blocks quantize packed ...      09 Making decode fast (speculative tiled_attention fused)
+    distributed/ tensor_parallel pipeline ...    10 Beyond one device (collectives launch runs)
+    server/     app engine schemas metrics ...     11 Behind the API (launch client evidence)
     views/      HTML and matplotlib pictures of every stage (no ipywidgets)
     widgets/    thin ipywidgets shells over one view and one pure function
     exercises/  the checks of every notebook's exercises (chNN.py)
-    cli/        `python -m llm_anatomy fetch|doctor|check|bench`
+    cli/        `python -m llm_anatomy fetch|doctor|check|bench|parallel|serve`
 
 Imports point down this list only (tests/test_layers.py ranks the folders and checks every import). Each stage's
 `__init__.py` names its notebook and re-exports nothing: an import says where a thing lives.
