@@ -168,3 +168,12 @@ def test_one_token_label():
 def test_files_are_short_enough_to_read_at_one_sitting():
     long = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
     assert not {n: k for n, k in long.items() if k > 350}, long  # the aim is about 300; generation.py (one class) is the longest
+
+
+def test_no_two_test_files_share_a_name():
+    # the tests are not packages (pytest's default import mode): two test_x.py in different folders stop collection
+    tests = Path(__file__).resolve().parent
+    names: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}
