@@ -14,13 +14,15 @@ def server():
     """Our server with a key, two batch slots, a queue of one, a 64 KB body limit and 64 KV blocks of 16."""
     from llm_anatomy.server.launch import ServerProcess
 
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
     proc = ServerProcess.ours("--api-key", KEY, "--max-batch", "2", "--max-waiting", "1", "--max-body-bytes",
                               "65536", "--kv-blocks", "64", "--threads", "1", ready_timeout_s=120)
     with proc:
         yield proc
+        # The server and whatever it started, seen just before it stops. The fixture ends with the session, after
+        # other folders' tests (a browser's exited children among them), so only the server's own tree is checked.
+        tree = [psutil.Process(proc.proc.pid), *psutil.Process(proc.proc.pid).children(recursive=True)]
     assert not proc.running
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left behind: {left}"
 
 
