@@ -5,6 +5,7 @@ works offline.
     python_topic("assignment")   one of Python's documentation topics (`pydoc_data.topics`, the pages help() shows)
     python_topics("truth")       every topic, that one first: as much real English text as a check needs
     PROMPTS, STORY_REQUEST       the short prompts the exactness check runs (python -m llm_anatomy check)
+    editing_task()               notebook 09's proofreading chat, whose answer copies its prompt (prompt lookup drafts)
 
 The corpus file holds the same topics saved once (data/make_corpus.py), so that every Python version trains on the same
 text; the topics themselves come from the running Python and can differ a little between versions.
@@ -47,3 +48,20 @@ def python_topics(first: str = "assignment") -> Iterator[str]:
     yield python_topic(first)
     topics = _topics()
     yield from (topics[name] for name in sorted(topics) if name != first)
+
+
+TYPOS = {"evaluates": "evalutes", "remember": "remeber", "single": "singel", "recursively": "recursivly",
+         "ultimately": "ultimatly", "exception": "exeption"}
+
+
+def editing_task(text: str | None = None) -> list[dict]:
+    """A chat asking the model to proofread a passage and give it back: most of the answer is copied from
+    the prompt, which is what prompt lookup drafts from. By default, two paragraphs of Python's documentation
+    (shipped with Python, so offline) with a few spelling mistakes put in."""
+    if text is None:
+        doc = python_topic("assignment")
+        start = doc.index("An assignment statement evaluates")
+        text = doc[start:doc.index("The rules", start)].strip()
+        for right, wrong in TYPOS.items():
+            text = text.replace(right, wrong, 1)
+    return [{"role": "user", "content": "Proofread the following text. Reply with the corrected text only.\n\n" + text}]

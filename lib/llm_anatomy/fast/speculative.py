@@ -34,7 +34,6 @@ from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, prefill
 from ..generate.sampling import SamplingSettings, greedy, next_token_probs, sample_with
-from ..texts import python_topic
 
 GREEDY = SamplingSettings(temperature=0.0)
 
@@ -282,22 +281,3 @@ def best_draft_length(acceptance: float, c: float, k_max: int = 16) -> int:
     """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance
     rate want long drafts; a costly one, short)."""
     return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c))
-
-
-# --------------------------------------------------------------------------- a task whose answer copies its input
-
-TYPOS = {"evaluates": "evalutes", "remember": "remeber", "single": "singel", "recursively": "recursivly",
-         "ultimately": "ultimatly", "exception": "exeption"}
-
-
-def editing_task(text: str | None = None) -> list[dict]:
-    """A chat asking the model to proofread a passage and give it back: most of the answer is copied from
-    the prompt, which is what prompt lookup drafts from. By default, two paragraphs of Python's documentation
-    (shipped with Python, so offline) with a few spelling mistakes put in."""
-    if text is None:
-        doc = python_topic("assignment")
-        start = doc.index("An assignment statement evaluates")
-        text = doc[start:doc.index("The rules", start)].strip()
-        for right, wrong in TYPOS.items():
-            text = text.replace(right, wrong, 1)
-    return [{"role": "user", "content": "Proofread the following text. Reply with the corrected text only.\n\n" + text}]

@@ -29,7 +29,8 @@ from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.timing import time_interleaved, time_it
 from ...fast.packed import decode_bytes_per_token, kernel_status, pack
-from ...fast.speculative import PromptLookupDraft, editing_task, speculative_generate
+from ...fast.speculative import PromptLookupDraft, speculative_generate
+from ...texts import editing_task
 from ...fast.tiled_attention import tiled_attention
 from . import parser, progress, report, set_threads
 
