@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from llm_anatomy import CourseError
-from llm_anatomy.model.scratch import ScratchLlama, head_attention
+from llm_anatomy.model.explore import head_attention
+from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.views.attention import attention_view, draw_attention, token_labels
 from llm_anatomy.weights.random import random_llama
 from llm_anatomy.widgets.attention_explorer import AttentionExplorer

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .attention import attention, check_attention_path, kv_head_of, sdpa_attention
+from .attention import attention, check_attention_path, sdpa_attention
 from .config import ScratchConfig, check_context
 from ..errors import CourseError
 from .kv_cache import KVCache, KVCacheInterface
@@ -288,31 +288,3 @@ class ScratchLlama(nn.Module):
 def as_scratch(model) -> ScratchLlama:
     """A ScratchLlama for a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared)."""
     return model if isinstance(model, ScratchLlama) else ScratchLlama.from_hf(model)
-
-
-@dataclass
-class HeadAttention:
-    """One head's attention over one prompt: what the attention explorer draws (views/attention.py)."""
-
-    ids: list[int]  # the prompt's token ids, cut to max_tokens
-    weights: torch.Tensor  # [seq, seq] float32 on the CPU: row = query (the token looking), column = key
-    layer: int
-    head: int
-    kv_head: int  # the KV head this query head reads (GQA)
-    note: str = ""  # why the prompt was cut, when it was
-
-
-def head_attention(model, tokenizer, prompt: str, layer: int, head: int, max_tokens: int = 64) -> HeadAttention:
-    """The attention weights of `head` in `layer` for `prompt` (its first `max_tokens` tokens), batch of one.
-
-    model: a ScratchLlama, a transformers Llama-family model or a LoadedModel (weights shared).
-    """
-    scratch = as_scratch(model)
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise CourseError("Type a prompt first: the explorer needs some text to look at.")
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
-    note = f"The prompt has {len(ids)} tokens; showing the first {max_tokens}." if len(ids) > max_tokens else ""
-    ids = ids[:max_tokens]
-    weights = scratch.attention_weights(torch.tensor([ids], device=scratch.device), layer, head)  # [1, seq, seq]
-    kv_head = kv_head_of(head, scratch.cfg.num_heads, scratch.cfg.num_kv_heads)
-    return HeadAttention(ids, weights[0].float().cpu(), layer, head, kv_head, note)

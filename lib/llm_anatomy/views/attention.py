@@ -1,6 +1,6 @@
 """The attention explorer's view: one layer, one head, one prompt, drawn as a heatmap.
 
-The numbers come from `llm_anatomy.model.scratch.head_attention` (one forward pass of the model, the chosen
+The numbers come from `llm_anatomy.model.explore.head_attention` (one forward pass of the model, the chosen
 layer's weights kept); this module only labels and draws them. `attention_view(result, tokenizer)` labels a
 HeadAttention's tokens, `draw_attention` draws a weight matrix as a labelled heatmap, `heatmap_png` a view as a PNG.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.scratch import HeadAttention
+from ..model.explore import HeadAttention
 from .labels import token_labels
 
 MAX_TOKENS = 64  # longer prompts are cut: a 64 x 64 heatmap is still readable

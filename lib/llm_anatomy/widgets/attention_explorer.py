@@ -1,6 +1,6 @@
 """The attention explorer: type a prompt, pick a layer and a head, see who attends to whom.
 
-A thin shell over one pure function and one view: each change runs `model.scratch.head_attention` (one forward
+A thin shell over one pure function and one view: each change runs `model.explore.head_attention` (one forward
 pass, the chosen layer's weights kept), draws it with `views.attention` into an Image, and shows errors in the
 widget's own error line.
 
@@ -17,7 +17,8 @@ import html
 import ipywidgets as W
 
 from ..errors import CourseError
-from ..model.scratch import as_scratch, head_attention
+from ..model.explore import head_attention
+from ..model.scratch import as_scratch
 from ..views.attention import MAX_TOKENS, AttentionView, attention_view, heatmap_png
 from .base import CourseWidget, ErrorLine, guarded
 
