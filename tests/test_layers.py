@@ -166,8 +166,9 @@ def test_one_token_label():
 
 
 def test_files_are_short_enough_to_read_at_one_sitting():
-    long = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
-    assert not {n: k for n, k in long.items() if k > 350}, long  # the aim is about 300; generation.py (one class) is the longest
+    files = list(modules().values()) + sorted((ROOT / "tools").rglob("*.py"))  # the package, and the site builder
+    long = {str(path.relative_to(ROOT)): n for path in files if (n := len(path.read_text().splitlines())) > 300}
+    assert not long, f"over 300 lines (split by concept, or move what is not the file's lesson): {long}"
 
 
 def test_no_two_test_files_share_a_name():

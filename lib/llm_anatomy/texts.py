@@ -5,6 +5,7 @@ works offline.
     python_topic("assignment")   one of Python's documentation topics (`pydoc_data.topics`, the pages help() shows)
     python_topics("truth")       every topic, that one first: as much real English text as a check needs
     PROMPTS, STORY_REQUEST       the short prompts the exactness check runs (python -m llm_anatomy check)
+    HELD_BACK, HELD_BACK_2       two short stories notebook 01 never shows: exercise 1.1's check trains on them
     editing_task()               notebook 09's proofreading chat, whose answer copies its prompt (prompt lookup drafts)
 
 The corpus file holds the same topics saved once (data/make_corpus.py), so that every Python version trains on the same
@@ -21,6 +22,16 @@ from .paths import data_path
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a small village by the sea, there lived a"]
 STORY_REQUEST = "Write a short story about a robot who learns to paint."
+# Held back from the learner: the texts exercise 1.1's training loop is checked on (two, so that no constant passes).
+HELD_BACK = """The tea shop on the corner opens at seven. Every morning the owner sets out the teapots, then the cups,
+then the little plates for the cakes. The first customers are the regulars: the baker, the teacher, the two
+brothers who run the bookshop. They talk about the weather, the news and the price of tea. The owner listens,
+pours, and smiles. In the afternoon the students arrive, then the tourists, then the quiet readers who stay
+until the shop closes. At the end of the day the owner washes the teapots, counts the coins and turns off the
+lights. Then the street is dark, and the shop waits for the morning."""
+HELD_BACK_2 = """A river runs past the mill, and the miller's daughter rows across it every Sunday. She carries bread
+to her grandmother, who lives in a red house with a green door. On the way back she counts the herons, three or
+four in winter and a dozen in spring, and she writes the number in a notebook she keeps under the bench."""
 
 
 def load_corpus(name: str = "python_docs_topics.txt") -> str:

@@ -53,6 +53,15 @@ def test_4_2_cross_entropy_imported_by_name_is_refused():
     not_yet(ch04.check_next_token_loss(cell["next_token_loss"]), "don't call", "cross_entropy")
 
 
+def test_1_1_the_loop_on_chunks_imported_by_name_is_refused():
+    cell = notebook_cell("from llm_anatomy.tokens.bpe_train import train_on_chunks\n"
+                         "from llm_anatomy.tokens.bpe import PreSplitter\n"
+                         "def train(text, vocab_size):\n"
+                         "    chunks = [list(c.encode('utf-8')) for c in PreSplitter()(text)]\n"
+                         "    return train_on_chunks(chunks, vocab_size)[0]\n")
+    not_yet(ch01.check_train(cell["train"]), "don't call", "train_on_chunks")
+
+
 def test_1_1_train_fast_imported_by_name_is_refused():
     cell = notebook_cell("from llm_anatomy.tokens.bpe_train import train_fast\n"
                          "def train(text, vocab_size):\n"
@@ -372,8 +381,16 @@ def test_1_1_a_discarded_merge_is_named():
 
 def test_1_1_chunks_from_str_split_are_named():
     def split_on_spaces(text, vocab_size):
-        chunks = [list(word.encode("utf-8")) for word in text.split()]
-        return ch01._trained_on(chunks, vocab_size)
+        chunks, merges = [list(word.encode("utf-8")) for word in text.split()], {}
+        for new_id in range(256, vocab_size):
+            counts = {}
+            for ids in chunks:
+                bpe.pair_counts(ids, counts)
+            if not counts:
+                break
+            merges[best := bpe.most_frequent(counts)] = new_id
+            chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+        return merges
 
     not_yet(ch01.check_train(split_on_spaces), "str.split", "bpe.PreSplitter")
 

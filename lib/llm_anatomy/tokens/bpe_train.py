@@ -90,9 +90,14 @@ def train_plain(text: str, vocab_size: int, special_tokens=()) -> tuple[dict[tup
     """
     _check_vocab_size(vocab_size, special_tokens)
     chunks = [list(chunk.encode("utf-8")) for chunk in training_chunks(text, special_tokens)]
+    return train_on_chunks(chunks, vocab_size - len(special_tokens))
+
+
+def train_on_chunks(chunks: list[list[int]], vocab_size: int) -> tuple[dict[tuple[int, int], int], list[LearnedMerge]]:
+    """The plain loop itself, on chunks already cut and turned into byte ids: merges get ids 256 .. vocab_size - 1."""
     merges: dict[tuple[int, int], int] = {}
     history = []
-    for new_id in range(256, vocab_size - len(special_tokens)):
+    for new_id in range(256, vocab_size):
         counts: dict[tuple[int, int], int] = {}
         for ids in chunks:
             pair_counts(ids, counts)
