@@ -37,7 +37,7 @@ lab: model
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: model
-	$(BIN)/python -m pytest tests notebooks $(NBVAL) -p no:cacheprovider $(BOOK_CAPTURE) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests notebooks $(NBVAL) -p no:cacheprovider --durations=25 $(BOOK_CAPTURE) $(PYTEST_ARGS)
 
 # The book: nbval executes every notebook once on this machine's default device (outputs kept), the browser tests
 # save the widget stills and check the book, then the book is rendered from that one execution. A notebook that
