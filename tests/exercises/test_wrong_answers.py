@@ -441,9 +441,8 @@ def test_near_miss_types_that_mean_the_right_answer_pass():
     assert ch06.check_users_that_fit(65.0).passed  # (80 * 2**30 - 8.03e9 * 2) // (131_072 * 8_192) on floats
     assert ch06.check_users_that_fit(np.int64(65)).passed
     not_yet(ch06.check_users_that_fit(65.5), "round down")
-    assert ch05.check_greedy_choice(lambda logits: np.int64(int(logits.argmax()))).passed
-    assert ch05.check_greedy_choice(lambda logits: logits.argmax()).passed
-    not_yet(ch05.check_greedy_choice(lambda logits: float(logits.argmax())), "an int")
+    assert ch05.check_next_probs(lambda logits, t, k: solutions[5].next_probs(logits, t, k).numpy()).passed
+    assert ch05.check_next_probs(lambda logits, t, k: solutions[5].next_probs(logits, t, k).tolist()).passed
     assert ch06.check_mqa_saving(np.float64(64.0)).passed
     assert ch06.check_kv_bytes_per_token(lambda *a: np.int64(solutions[6].kv_bytes_per_token(*a))).passed
 
@@ -476,8 +475,8 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch03.check_grouped_scores, lambda check, a: check(a)),
     (ch04.check_rms_norm, lambda check, a: check(a)), (ch04.check_swiglu, lambda check, a: check(a)),
     (ch04.check_forward, lambda check, a: check(a)), (ch04.check_next_token_loss, lambda check, a: check(a)),
-    (ch05.check_greedy_choice, lambda check, a: check(a)), (ch05.check_temperature, lambda check, a: check(a)),
-    (ch05.check_top_k, lambda check, a: check(a)), (ch05.check_top_p, lambda check, a: check(a)),
+    (ch05.check_next_probs, lambda check, a: check(a)), (ch05.check_top_p, lambda check, a: check(a)),
+    (ch05.check_min_p, lambda check, a: check(a)),
     (ch05.check_generate_until_stop, lambda check, a: check(a)),
     (ch06.check_generate_with_cache, lambda check, a: check(a)), (ch06.check_cache_update, lambda check, a: check(a)),
     (ch06.check_kv_bytes_per_token, lambda check, a: check(a)),
