@@ -11,42 +11,93 @@ solutions = load_solutions("ch05")
 
 
 def test_the_solutions_pass():
-    for verdict in (ch05.check_greedy_choice(solutions.greedy_choice),
-                    ch05.check_temperature(solutions.apply_temperature),
-                    ch05.check_top_k(solutions.keep_top_k)):
+    for verdict in (ch05.check_next_probs(solutions.next_probs), ch05.check_top_p(solutions.keep_top_p),
+                    ch05.check_min_p(solutions.keep_min_p)):
         assert verdict.passed, verdict.message
+
+
+def test_the_next_probs_solution_matches_transformers_warpers_on_the_checks_cases():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+    for logits, t, k in ch05._choice_cases():
+        if t == 0:
+            assert int(solutions.next_probs(logits, t, k).argmax()) == int(logits.argmax())
+            continue
+        scores = TemperatureLogitsWarper(t)(None, logits[None].clone())
+        scores = TopKLogitsWarper(k)(None, scores) if k else scores
+        torch.testing.assert_close(solutions.next_probs(logits, t, k), torch.softmax(scores[0], -1))
+    assert any(len(set(logits.tolist())) < logits.numel() and k for logits, _, k in ch05._choice_cases())  # ties
 
 
 def test_unattempted_exercises_say_not_yet():
     def todo(*args):
         raise NotImplementedError
 
-    for check in (ch05.check_greedy_choice, ch05.check_temperature, ch05.check_top_k):
+    for check in (ch05.check_next_probs, ch05.check_top_p, ch05.check_min_p):
         verdict = check(todo)
         assert not verdict.passed and "not attempted" in verdict.message
-    assert "define" in ch05.check_greedy_choice(None).message
+    assert "define" in ch05.check_next_probs(None).message
 
 
-def test_greedy_mistakes():
-    assert "LEAST likely" in ch05.check_greedy_choice(lambda l: int(l.argmin())).message
-    assert "most likely token is" in ch05.check_greedy_choice(lambda l: 0).message
-    assert "an int" in ch05.check_greedy_choice(lambda l: "1").message
-    assert ch05.check_greedy_choice(lambda l: l.argmax()).passed  # a 0-d tensor is fine
+def _cut(logits, t, keep):
+    return torch.softmax((logits / t).masked_fill(~keep, float("-inf")), -1)
 
 
-def test_temperature_mistakes():
-    assert "divide" in ch05.check_temperature(lambda l, t: torch.softmax(l * t, -1)).message
-    assert "softmax" in ch05.check_temperature(lambda l, t: l / t).message
-    assert "expected" in ch05.check_temperature(lambda l, t: torch.softmax(l, -1)).message
-    assert "expected" in ch05.check_temperature(lambda l, t: [0.25] * 4).message  # a list is read as a tensor
-    assert "tensor" in ch05.check_temperature(lambda l, t: "0.25").message
+def _top(logits, k):
+    return torch.zeros_like(logits, dtype=torch.bool).scatter(0, torch.topk(logits, k).indices, True)
 
 
-def test_top_k_mistakes():
-    assert "LEAST likely" in ch05.check_top_k(lambda l, k: set(torch.topk(-l, k).indices.tolist())).message
-    assert "exactly" in ch05.check_top_k(lambda l, k: {1}).message
-    assert "keeps" in ch05.check_top_k(lambda l, k: set(range(k))).message
-    assert ch05.check_top_k(lambda l, k: torch.topk(l, k).indices).passed
+def test_next_probs_mistakes_are_named():
+    def with_greedy(wrong):  # the mistake at temperature > 0; greedy done right, so the mistake is what is seen
+        return lambda l, t, k: solutions.next_probs(l, t, k) if t == 0 else wrong(l, t, k)
+
+    drops_ties = with_greedy(lambda l, t, k: _cut(l, t, _top(l, k)) if k else torch.softmax(l / t, -1))
+    multiplies = with_greedy(lambda l, t, k: solutions.next_probs(l * t * t, t, k))
+    no_top_k = with_greedy(lambda l, t, k: torch.softmax(l / t, -1))
+    least = with_greedy(lambda l, t, k: _cut(l, t, _top(-l, k)) if k else torch.softmax(l / t, -1))
+    no_softmax = with_greedy(lambda l, t, k: l / t)
+    ignores_t = with_greedy(lambda l, t, k: solutions.next_probs(l, 1.0, k))
+    not_yet(ch05.check_next_probs(drops_ties), "tie for the top", "keep EVERY token")
+    not_yet(ch05.check_next_probs(multiplies), "multiplied the logits by the temperature")
+    not_yet(ch05.check_next_probs(no_top_k), "you kept every token")
+    not_yet(ch05.check_next_probs(least), "LEAST likely")
+    not_yet(ch05.check_next_probs(no_softmax), "not 1", "softmax")
+    not_yet(ch05.check_next_probs(ignores_t), "ignore the temperature")
+
+
+def test_next_probs_greedy_mistakes_are_named():
+    def divides_by_zero(l, t, k):
+        return torch.softmax(l / t, -1) if t == 0 else solutions.next_probs(l, t, k)
+
+    def argmin(l, t, k):
+        return torch.nn.functional.one_hot(l.argmin(), l.numel()).float() if t == 0 else solutions.next_probs(l, t, k)
+
+    not_yet(ch05.check_next_probs(divides_by_zero), "temperature 0", "do not divide")
+    not_yet(ch05.check_next_probs(argmin), "LEAST likely")
+    not_yet(ch05.check_next_probs(lambda l, t, k: torch.ones(3)), "shape")
+
+
+def test_next_probs_shortcuts_are_refused():
+    from transformers.generation.logits_process import TopKLogitsWarper
+
+    from llm_anatomy.generate import sampling
+
+    not_yet(ch05.check_next_probs(lambda l, t, k: sampling.next_token_probs(l, t, k)), "next_token_probs")
+    top_k_mask = sampling.top_k_mask  # an alias bound before the check runs is refused too
+
+    def through_the_mask(l, t, k):
+        if t == 0 or not k:
+            return solutions.next_probs(l, t, k)
+        return _cut(l, t, top_k_mask(l / t, k))
+
+    not_yet(ch05.check_next_probs(through_the_mask), "top_k_mask")
+
+    def warped(l, t, k):
+        if t == 0 or not k:
+            return solutions.next_probs(l, t, k)
+        return torch.softmax(TopKLogitsWarper(k)(None, (l / t)[None])[0], -1)
+
+    not_yet(ch05.check_next_probs(warped), "TopKLogitsWarper")
 
 
 def test_top_p_solution_matches_transformers_warper_on_the_checks_cases():

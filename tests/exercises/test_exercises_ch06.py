@@ -11,26 +11,60 @@ solutions = load_solutions("ch06")
 
 
 def test_solutions_pass():
-    assert ch06.check_kv_bytes_per_token(solutions.kv_bytes_per_token).passed
-    assert ch06.check_mqa_saving(solutions.mqa_saving).passed
+    assert ch06.check_kv_cache_bytes(solutions.kv_cache_bytes).passed
     assert ch06.check_users_that_fit(solutions.users_that_fit).passed
     assert ch06.check_generate_with_cache(solutions.generate_with_cache).passed
     assert ch06.check_cache_update(solutions.update).passed
 
 
-def test_formula_mistakes_get_specific_hints():
-    v = ch06.check_kv_bytes_per_token(lambda l, h, d, b: l * h * d * b)
-    assert not v and "K and V" in v.message
-    v = ch06.check_kv_bytes_per_token(lambda l, h, d, b: 2 * h * d * b)
-    assert not v and "layers" in v.message
-    v = ch06.check_kv_bytes_per_token(lambda l, h, d, b: None)
-    assert not v and "return" in v.message
-    not_yet(ch06.check_kv_bytes_per_token(unattempted), "not attempted")
+def test_the_config_solution_matches_the_library_on_the_published_configs_and_real_tensors():
+    from llm_anatomy.measure.kv_memory import LAYOUT_CONFIGS, kv_cache_bytes_from_config, layout_name
+    from llm_anatomy.model.kv_cache import kv_cache_bytes
+
+    for name, config in LAYOUT_CONFIGS.items():
+        for context in (1, 3000, 100_000):
+            assert solutions.kv_cache_bytes(config, context, 2) == kv_cache_bytes_from_config(config, context, 2)
+    assert {layout_name(c) for c in LAYOUT_CONFIGS.values()} == {"MHA", "GQA", "MQA", "MLA", "sliding", "hybrid"}
+    smol = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_cache_bytes_from_config(smol, 100, 4) == 46_080 * 100  # the figure notebook 06 counts on real tensors
+    assert kv_cache_bytes_from_config(LAYOUT_CONFIGS["DeepSeek-V3"], 1, 2) == 61 * 576 * 2
+    assert kv_cache_bytes_from_config(LAYOUT_CONFIGS["Mistral-7B-v0.1"], 10_000, 2) == 2 * 8 * 128 * 2 * 32 * 4096
+
+
+def _sol(**change):
+    """The solution run on a changed copy of the config: one typical mistake."""
+    def wrong(config, context, size):
+        config = dict(config)
+        for key, value in change.items():
+            config[key] = value(config) if callable(value) else value
+        return solutions.kv_cache_bytes(config, context, size)
+    return wrong
+
+
+def test_config_mistakes_are_named():
+    keys_only = lambda c, n, b: solutions.kv_cache_bytes(c, n, b) // (1 if c.get("kv_lora_rank") else 2)  # noqa: E731
+    not_yet(ch06.check_kv_cache_bytes(keys_only), "K AND V")
+    mla_twice = lambda c, n, b: solutions.kv_cache_bytes(c, n, b) * (2 if c.get("kv_lora_rank") else 1)  # noqa: E731
+    not_yet(ch06.check_kv_cache_bytes(mla_twice), "no factor 2")
+    not_yet(ch06.check_kv_cache_bytes(_sol(kv_lora_rank=None)), "MLA config")
+    not_yet(ch06.check_kv_cache_bytes(_sol(qk_rope_head_dim=0)), "RoPE key")
+    not_yet(ch06.check_kv_cache_bytes(_sol(sliding_window=None, layer_types=None)), "sliding_window")
+    not_yet(ch06.check_kv_cache_bytes(_sol(layer_types=None)), "full_attention")
+    not_yet(ch06.check_kv_cache_bytes(_sol(num_key_value_heads=lambda c: c.get("num_key_value_heads", 1))), "MHA")
+    not_yet(ch06.check_kv_cache_bytes(_sol(head_dim=None)), "head_dim")
+    not_yet(ch06.check_kv_cache_bytes(lambda c, n, b: solutions.kv_cache_bytes(c, 1, b)), "ONE token")
+    not_yet(ch06.check_kv_cache_bytes(lambda c, n, b: 1), "expected")
+    not_yet(ch06.check_kv_cache_bytes(unattempted), "not attempted")
+
+
+def test_the_library_is_refused_alias_proof():
+    from llm_anatomy.measure import kv_memory
+
+    shortcut = kv_memory.kv_cache_bytes_from_config
+    not_yet(ch06.check_kv_cache_bytes(lambda c, n, b: shortcut(c, n, b)), "don't call", "kv_cache_bytes_from_config")
 
 
 def test_wrong_numbers_get_hints():
-    assert "number" in ch06.check_mqa_saving(None).message
-    assert "head_dim" in ch06.check_mqa_saving(32).message
     assert "weights" in ch06.check_users_that_fit(80).message
     assert "GiB" in ch06.check_users_that_fit(59).message  # counted the memory as 80e9 bytes
     assert "round down" in ch06.check_users_that_fit(66).message

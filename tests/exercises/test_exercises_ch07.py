@@ -18,7 +18,7 @@ def test_solutions_pass():
     for ridge, size in ((6.0, 4), (150.0, 2), (25.0, 2)):
         answer = solutions.ridge_batch(ridge, size)
         assert ch07.check_ridge_batch(answer, SMOL, 16, size, ridge).passed, (ridge, size)
-    assert ch07.check_decode_ceiling(solutions.decode_ceiling(5.4e8, 1.2e10), 5.4e8, 1.2e10).passed
+    assert ch07.check_predict_step(solutions.predict_step_s).passed
 
 
 def test_ridge_batch_is_where_forward_work_crosses_the_ridge():
@@ -63,9 +63,6 @@ def test_other_wrong_answers_get_hints():
     not_yet(ch07.check_ridge_batch(None, SMOL, 16, 4, 6.0), "prediction")
     not_yet(ch07.check_ridge_batch(0.5, SMOL, 16, 4, 6.0), "at least one")
     not_yet(ch07.check_ridge_batch(10 * right, SMOL, 16, 4, 6.0), "off")
-    assert "upside down" in ch07.check_decode_ceiling(5.4e8 / 1.2e10, 5.4e8, 1.2e10).message
-    assert "off" in ch07.check_decode_ceiling(100.0, 5.4e8, 1.2e10).message
-    assert not ch07.check_decode_ceiling(None, 5.4e8, 1.2e10)
 
 
 def test_step_bounds_solution_and_mistakes():
@@ -89,3 +86,26 @@ def test_step_bounds_solution_and_mistakes():
     not_yet(ch07.check_step_bounds(smallest), "LARGEST")
     not_yet(ch07.check_step_bounds(lambda *args: solutions.step_bounds(*args)[0]), "two things")
     not_yet(ch07.check_step_bounds(unattempted), "not attempted")
+
+
+def test_predict_step_mistakes_are_named_and_the_library_is_refused():
+    def memory(b, c, w, kv, n, bw):
+        return (w + b * c * kv) / bw
+
+    cases = {
+        "its OWN cache": lambda b, c, w, kv, n, bw, fl: max((w + c * kv) / bw, 2 * b * n / fl),
+        "once per step for the whole": lambda b, c, w, kv, n, bw, fl: max(b * (w + c * kv) / bw, 2 * b * n / fl),
+        "not their sum": lambda b, c, w, kv, n, bw, fl: memory(b, c, w, kv, n, bw) + 2 * b * n / fl,
+        "2 FLOPs per token": lambda b, c, w, kv, n, bw, fl: max(memory(b, c, w, kv, n, bw), b * n / fl),
+        "by the batch": lambda b, c, w, kv, n, bw, fl: max(memory(b, c, w, kv, n, bw), 2 * n / fl),
+        "left out the arithmetic": lambda b, c, w, kv, n, bw, fl: memory(b, c, w, kv, n, bw),
+        "left out the KV cache": lambda b, c, w, kv, n, bw, fl: max(w / bw, 2 * b * n / fl),
+        "LARGER of the two": lambda b, c, w, kv, n, bw, fl: min(memory(b, c, w, kv, n, bw), 2 * b * n / fl),
+    }
+    for words, wrong in cases.items():
+        not_yet(ch07.check_predict_step(wrong), words)
+    from llm_anatomy.measure.roofline import predict_decode_step_s
+
+    not_yet(ch07.check_predict_step(predict_decode_step_s), "don't call", "predict_decode_step_s")
+    not_yet(ch07.check_predict_step(lambda *a: 1.0), "the floor is")
+    not_yet(ch07.check_predict_step(unattempted), "not attempted")

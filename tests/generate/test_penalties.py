@@ -60,3 +60,17 @@ def test_ids_outside_the_vocabulary_and_batches_are_refused():
         apply_penalties(torch.zeros(5), [7], repetition=1.2)
     with pytest.raises(CourseError, match="one row"):
         apply_penalties(torch.zeros(2, 5), [1], repetition=1.2)
+
+
+def test_the_penalties_setting_counts_the_prompt_for_repetition_and_only_the_output_for_presence_and_frequency():
+    from llm_anatomy.generate.penalties import Penalties
+
+    logits = torch.ones(8)
+    prompt, output = [1, 2], [2, 5, 5]
+    out = Penalties(repetition=2.0, presence=0.5, frequency=0.25).apply(logits, prompt, output)
+    # token 1: the prompt only -> repetition only; 2: both -> all three; 5: the output twice; 0: unseen
+    assert out.tolist() == [1.0, 0.5, 0.5 - 0.5 - 0.25, 1.0, 1.0, 0.5 - 0.5 - 0.5, 1.0, 1.0]
+    assert torch.equal(Penalties().apply(logits, prompt, output), logits) and not Penalties().active
+    assert Penalties(presence=0.5).describe() == "presence 0.5" and Penalties().describe() == "no penalties"
+    with pytest.raises(CourseError, match="presence_penalty"):
+        Penalties(presence=3.0)

@@ -193,3 +193,45 @@ def test_the_stepper_benchmark_prints_its_figures(real, capsys):
     figures = json.loads(capsys.readouterr().out)
     assert figures["steps"] == 2 and figures["prefill_ms"] > 0 and figures["step_click_median_ms"] > 0
     assert figures["step_click_median_ms"] >= figures["step_model_median_ms"] and figures["target_step_ms"] == 150.0
+
+
+def test_a_repetition_penalty_in_the_session_gives_transformers_tokens(real, scratch):
+    from llm_anatomy.generate.penalties import Penalties
+
+    ids = real.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(0.0),
+                                penalties=Penalties(repetition=1.5))
+    session.generate(ids)
+    with torch.no_grad():
+        want = real.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=12, do_sample=False, repetition_penalty=1.5,
+                                   pad_token_id=real.tokenizer.eos_token_id)[0, len(ids):].tolist()
+    assert session.generated == want[:len(session.generated)]
+    plain = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(0.0))
+    plain.generate(ids)
+    assert plain.generated != session.generated  # the penalty changed the greedy text: the test can tell
+
+
+def test_min_p_and_penalties_resample_without_a_model_call_and_bad_ones_change_nothing(real, scratch, monkeypatch):
+    from llm_anatomy.generate.penalties import Penalties
+
+    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=8, settings=SamplingSettings(0.0))
+    session.prefill("the the the the", chat=False)
+    greedy = session.generated[-1]
+    calls = []
+    original = scratch.trace
+    monkeypatch.setattr(scratch, "trace", lambda *a, **k: calls.append(1) or original(*a, **k))
+    banned = session.resample(penalties=Penalties(repetition=1e6))  # every seen token pushed far down
+    assert banned.token_id not in session.prompt_ids and session.penalties.repetition == 1e6
+    back = session.resample(penalties=Penalties())
+    assert back.token_id == greedy
+    one = session.resample(temperature=1.0, min_p=1.0)  # only tokens as likely as the best one
+    assert one.token_id == greedy and one.prob == 1.0 and session.settings.min_p == 1.0
+    before = _state(session)
+    for bad in (dict(min_p=1.5), dict(penalties=Penalties), dict(penalties=0.5)):
+        with pytest.raises(CourseError):
+            session.resample(**bad)
+        assert _same_state(_state(session), before)
+    with pytest.raises(CourseError, match="frequency_penalty"):
+        session.set_settings(penalties=Penalties(frequency=-9))
+    assert calls == [] and _same_state(_state(session), before)

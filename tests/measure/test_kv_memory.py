@@ -115,3 +115,19 @@ def test_widget_refuses_bad_values_typed_in_the_browser():
     before = dict(w.state)
     w.length_box.value = -100
     assert "at least 1" in w.error.text and w.state == before
+
+
+def test_a_config_dict_gives_the_cache_of_every_layout():
+    from llm_anatomy.measure.kv_memory import LAYOUT_CONFIGS, kv_cache_bytes_from_config, layout_name
+    from llm_anatomy.model.kv_cache import kv_cache_bytes
+    from llm_anatomy.weights.random import random_llama
+
+    assert {layout_name(c) for c in LAYOUT_CONFIGS.values()} == {"MHA", "GQA", "MQA", "MLA", "sliding", "hybrid"}
+    tiny = random_llama("tiny").config  # MHA/GQA: the same bytes as the library's formula on a real config
+    assert kv_cache_bytes_from_config(tiny.to_dict(), 100, 4) == kv_cache_bytes(tiny, 100, dtype=torch.float32)
+    assert kv_cache_bytes_from_config(LAYOUT_CONFIGS["DeepSeek-V3"], 1, 2) == 61 * (512 + 64) * 2  # no factor 2
+    mistral = LAYOUT_CONFIGS["Mistral-7B-v0.1"]  # every layer keeps at most its 4,096-token window
+    assert kv_cache_bytes_from_config(mistral, 10_000, 2) == kv_cache_bytes_from_config(mistral, 4096, 2)
+    gemma = LAYOUT_CONFIGS["Gemma-2-9B"]  # half the layers local: beyond the window only the global half grows
+    grow = kv_cache_bytes_from_config(gemma, 8192, 2) - kv_cache_bytes_from_config(gemma, 4096, 2)
+    assert grow == 21 * 2 * 8 * 256 * 2 * 4096

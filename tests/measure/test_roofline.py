@@ -143,3 +143,13 @@ def test_c11_claims_the_byte_model_as_a_floor():
         claim_byte_floor(PEAKS, 1e9, 0.05, "decode")  # faster than its bytes allow: the count or the bandwidth is wrong
     with pytest.raises(ClaimFailed):
         claim_byte_floor(PEAKS, 2e9, 0.15, "decode")  # bytes undercounted by half would pass: counted right, it fails
+
+
+def test_the_predicted_decode_step_is_the_larger_of_the_byte_and_the_flop_floors():
+    from llm_anatomy.measure.roofline import predict_decode_step_s
+
+    # 1 GB of weights, 1 kB of cache per token, 0.5 G parameters, 100 GB/s, 10 TFLOP/s
+    memory_bound = predict_decode_step_s(4, 1000, 1e9, 1e3, 0.5e9, 100e9, 10e12)
+    assert memory_bound == pytest.approx((1e9 + 4 * 1000 * 1e3) / 100e9)
+    compute_bound = predict_decode_step_s(4096, 1, 1e9, 1e3, 0.5e9, 100e9, 10e12)
+    assert compute_bound == pytest.approx(2 * 4096 * 0.5e9 / 10e12)

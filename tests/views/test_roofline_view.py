@@ -6,6 +6,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
+
 from llm_anatomy.measure.peaks import Peaks  # noqa: E402
 from llm_anatomy.measure.roofline import Work, roofline_point  # noqa: E402
 from llm_anatomy.views.roofline import plot_roofline  # noqa: E402
@@ -17,9 +19,13 @@ def test_plot_roofline_is_log_log_with_units():
     ax = plot_roofline(peaks, points)
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     assert "FLOP per byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel()
-    assert [t.get_text() for t in ax.texts] == ["prefill 512", "decode b=1"]
-    import matplotlib.pyplot as plt
-
+    assert [t.get_text() for t in ax.texts] == ["1", "2"]  # numbers by the points, the names in the legend
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["measured roof", "1: prefill 512", "2: decode b=1"]
+    close = [roofline_point("prefill 64", Work(1e10, 1e9), 1.0), roofline_point("prefill 65", Work(1.01e10, 1e9), 1.0)]
+    ax2 = plot_roofline(peaks, close)
+    first, second = (t.xyann for t in ax2.texts)  # the offsets of the two numbers, in points
+    assert first != second  # the second number moved off the first
+    plt.close(ax2.figure)
     plt.close(ax.figure)
 
 

@@ -35,7 +35,7 @@ def _tokens(stepper):
 
 def _snapshot(stepper):
     s = stepper.session
-    return (s.prompt_ids[:], s.generated[:], len(s.steps), s.settings, s.cache and s.cache.length,
+    return (s.prompt_ids[:], s.generated[:], len(s.steps), s.settings, s.penalties, s.cache and s.cache.length,
             stepper.text.value, stepper.chart.value, stepper.cache.value, stepper.times.value)
 
 
@@ -45,7 +45,8 @@ def test_the_widget_carries_its_css_classes(stepper):
                          ("step", stepper.step_button), ("play", stepper.play_button), ("reset", stepper.reset_button),
                          ("text", stepper.text), ("chart", stepper.chart), ("cache", stepper.cache),
                          ("times", stepper.times), ("temperature", stepper.temperature), ("top-k", stepper.top_k),
-                         ("top-p", stepper.top_p), ("error", stepper.error)]:
+                         ("top-p", stepper.top_p), ("min-p", stepper.min_p), ("repetition", stepper.repetition),
+                         ("presence", stepper.presence), ("frequency", stepper.frequency), ("error", stepper.error)]:
         assert f"la-stepper-{part}" in widget._dom_classes
 
 
@@ -95,6 +96,27 @@ def test_changing_the_controls_resamples_without_a_model_call(stepper, counted):
     assert "temperature 3" in stepper.chart.value and stepper.chart.value.count("la-stepper-chosen") == 1
 
 
+def test_min_p_and_penalty_controls_resample_without_a_model_call(real, scratch, counted):
+    stepper = Stepper(model=scratch, tokenizer=real.tokenizer, prompt="the the the the", max_new_tokens=4,
+                      temperature=0.0)
+    stepper.chat.value = False
+    stepper.on_prefill()
+    calls, greedy = len(counted), stepper.session.generated[-1]
+    stepper.repetition.value = 1e6  # every token of the prompt pushed far down
+    assert stepper.error.text == "" and stepper.session.penalties.repetition == 1e6
+    assert stepper.session.generated[-1] not in stepper.session.prompt_ids
+    stepper.repetition.value = 1.0
+    assert stepper.session.generated[-1] == greedy
+    stepper.temperature.value = 2.0
+    stepper.min_p.value = 1.0  # only the most likely token passes
+    assert stepper.session.generated[-1] == greedy and stepper.session.settings.min_p == 1.0
+    assert "min-p 1" in stepper.chart.value and len(counted) == calls
+    stepper.presence.value = 0.5  # counts the output only: nothing generated before this token
+    assert stepper.session.penalties.presence == 0.5 and stepper.session.generated[-1] == greedy
+    stepper.on_step()  # the penalties stay for the next step
+    assert len(counted) == calls + 1 and stepper.session.penalties.presence == 0.5
+
+
 def test_play_runs_to_the_limit_and_stops(stepper):
     stepper.on_prefill()
     stepper.on_play()
@@ -125,7 +147,8 @@ def test_pause_stops_the_loop_cleanly(real, scratch):
 @pytest.mark.parametrize("action, message", [
     ("step_before_prefill", "prefill"), ("empty_prompt", "empty"), ("long_prompt", "at most"),
     ("temperature", "temperature"), ("top_p", "top_p"), ("top_p_zero", "top_p"), ("top_k", "top-k"),
-    ("max_new", "max new"), ("layer", "layer"),
+    ("max_new", "max new"), ("layer", "layer"), ("min_p", "min_p"), ("repetition", "repetition_penalty"),
+    ("presence", "presence_penalty"),
 ])
 def test_bad_input_shows_a_message_and_changes_nothing(stepper, action, message):
     stepper.on_prefill()
@@ -149,6 +172,12 @@ def test_bad_input_shows_a_message_and_changes_nothing(stepper, action, message)
         stepper.top_p.value = 0.0
     elif action == "top_k":
         stepper.top_k.value = -2
+    elif action == "min_p":
+        stepper.min_p.value = 1.5
+    elif action == "repetition":
+        stepper.repetition.value = 0.0
+    elif action == "presence":
+        stepper.presence.value = 2.5
     elif action == "max_new":
         stepper.max_new.value = 0
         stepper.on_prefill()

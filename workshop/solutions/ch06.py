@@ -5,15 +5,24 @@ from __future__ import annotations
 import torch
 
 
-def kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element):
-    """Exercise 6.3: K and V, in every layer, for every KV head, head_dim numbers each."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_element
+def kv_cache_bytes(config: dict, context: int, bytes_per_element: int) -> int:
+    """Exercise 6.3: one sequence's KV cache after `context` tokens, from the model's config.json (a dict)."""
+    layers = config["num_hidden_layers"]
+    if config.get("kv_lora_rank"):  # MLA: one latent and one shared RoPE key per token and layer, no K/V pair
+        return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * bytes_per_element * context
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads  # missing: MHA
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token_and_layer = 2 * kv_heads * head_dim * bytes_per_element  # a key and a value per KV head
+    window = config.get("sliding_window")
+    if config.get("layer_types"):
+        local = [kind == "sliding_attention" for kind in config["layer_types"]]
+    else:
+        local = [window is not None] * layers
+    return sum(per_token_and_layer * (min(context, window) if is_local else context) for is_local in local)
 
 
-# Exercise 6.4: 524,288 / 8,192
-mqa_saving = 524_288 // 8_192
-
-# Exercise 6.5: an "80 GB" GPU holds 80 GiB; the weights take 8.03e9 x 2 bytes; one user's cache is 2**30 bytes
+# Exercise 6.4: an "80 GB" GPU holds 80 GiB; the weights take 8.03e9 x 2 bytes; one user's cache is 2**30 bytes
 users_that_fit = int((80 * 2**30 - 8.03e9 * 2) // (131_072 * 8_192))
 
 

@@ -22,11 +22,14 @@ def ridge_batch(ridge, bytes_per_element):
 
 
 def step_bounds(flops, bytes_moved, ops, peak_flops, bandwidth, per_op_s):
-    """Exercise 7.3: the three lower bounds on a step's time (seconds), and the regime: the largest of them."""
+    """Exercise 7.4: the three lower bounds on a step's time (seconds), and the regime: the largest of them."""
     bounds = {"compute": flops / peak_flops, "memory": bytes_moved / bandwidth, "overhead": ops * per_op_s}
     return bounds, max(bounds, key=bounds.get)
 
 
-def decode_ceiling(weight_bytes, bandwidth):
-    """Exercise 7.4: every token reads every weight once: bytes/s divided by bytes per token."""
-    return bandwidth / weight_bytes
+def predict_step_s(batch, context, weight_bytes, kv_bytes_per_token, params, bandwidth, flops_per_s):
+    """Exercise 7.3: the floor under a decode step (seconds): the weights once plus every sequence's cache over the
+    bandwidth, against 2 FLOPs per parameter per sequence over the peak; the larger wins."""
+    memory = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
+    compute = 2 * batch * params / flops_per_s
+    return max(memory, compute)

@@ -1,4 +1,5 @@
-"""Checks for notebook 05 (generation): greedy choice, temperature, top-k, top-p, min-p, the decoding loop with a stop.
+"""Checks for notebook 05 (generation): greedy, temperature and top-k in one function, top-p, min-p, the decoding
+loop with a stop.
 
 The top-p check compares the learner's nucleus with llm_anatomy.generate.sampling (which matches transformers' warper) on
 logits the notebook never showed; the loop check runs the learner's loop on a tiny random model.
@@ -14,79 +15,93 @@ from ..generate import sampling
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 from ._tiny import Recorder, stop_cases, stopped_on_the_prompt, tiny_model
 
-_CASES = [torch.tensor([0.5, 2.0, -1.0, 1.9]), torch.tensor([-3.0, -2.0, -2.5]),
-          torch.tensor([7.0, 1.0, 7.5, 0.0, 6.0]), torch.linspace(-2, 2, 50).flip(0)]
-
-
 def _no_sampler(*names: str, why: str) -> forbidden_all:
     """The library's samplers refused: next_token_probs and the ones named (sample_next and sample_with call it)."""
     return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with") + names],
                          why)
 
 
-@exercise
-@hints("The most likely token is the one with the highest logit: no softmax needed, it keeps the order.",
-       "torch has a function that gives the index of the largest entry.",
-       "return int(logits.argmax())")
-def check_greedy_choice(greedy_choice) -> str:
-    """greedy_choice(logits [vocab]) -> the id of the most likely token."""
-    expect(callable(greedy_choice), "define a function greedy_choice(logits) that returns a token id.")
-    for logits in _CASES:
-        with _no_sampler("greedy", why="the highest logit is the answer: find it yourself"):
-            got = returned(call(greedy_choice, logits.clone()), "id", "the token id")
-        want = int(logits.argmax())
-        expect(got != int(logits.argmin()) or got == want,
-               f"for logits {logits.tolist()} you chose {got}, the LEAST likely token: use the maximum.")
-        expect(got == want, f"for logits {logits.tolist()} the most likely token is {want}, you chose {got}. "
-                            "Hint: logits.argmax().")
-    return "greedy decoding is just the argmax of the logits, at every step."
+def _choice_cases() -> list[tuple[torch.Tensor, float, int | None]]:
+    """(logits, temperature, top_k) the notebook never showed: random logits, greedy, and ties at the k-th place."""
+    g = torch.Generator().manual_seed(55)
+    cases = [(torch.randn(60, generator=g) * 2, 1.0, None), (torch.randn(60, generator=g) * 2, 0.5, 5),
+             (torch.randn(60, generator=g), 2.0, None), (torch.randn(60, generator=g) * 3, 0.0, None),
+             (torch.tensor([7.0, 1.0, 7.5, 0.0, 6.0]), 0.0, 2), (torch.tensor([0.5, 2.0, -1.0, 1.9]), 1.0, 2)]
+    # ties: the 2nd highest logit is shared by ids 2 and 3, the highest by ids 0, 1 and 4
+    cases += [(torch.tensor([1.0, 3.0, 2.0, 2.0, 0.5]), 1.0, 2), (torch.tensor([2.0, 2.0, 0.0, 1.0, 2.0]), 0.7, 1)]
+    return cases
+
+
+def _no_choice() -> forbidden_all:
+    """The library's samplers and transformers' temperature and top-k warpers refused."""
+    warpers = sys.modules.get("transformers.generation.logits_process")
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "greedy",
+                                                        "_divide_by_temperature", "top_k_mask")]
+                         + [(warpers, "TemperatureLogitsWarper"), (warpers, "TopKLogitsWarper")],
+                         "divide, cut and normalise yourself (torch.topk and torch.softmax are fine)")
+
+
+def _masked_softmax(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def _kept(values: torch.Tensor) -> list[int]:
+    return torch.nonzero(values > 0).flatten().tolist()
 
 
 @exercise
-@hints("Temperature acts on the logits, before they become probabilities.",
-       "A temperature below 1 must make the gaps between logits bigger: divide by it.",
-       "return torch.softmax(logits / temperature, dim=-1)")
-def check_temperature(apply_temperature) -> str:
-    """apply_temperature(logits, temperature) -> probabilities softmax(logits / temperature)."""
-    expect(callable(apply_temperature), "define apply_temperature(logits, temperature) returning probabilities.")
-    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
-    for t in (1.0, 0.5, 2.0, 0.1):
-        with _no_sampler("_divide_by_temperature", why="divide the logits yourself"):
-            got = returned(call(apply_temperature, logits.clone(), t), "tensor", "the probabilities")
-        expect(got.shape == logits.shape, f"return a tensor of probabilities, one per token: shape "
+@hints("Three steps in order: the temperature acts on the logits, top-k drops tokens, a softmax makes "
+       "probabilities of what is left. Temperature 0 is the special case: no division at all.",
+       "Divide the logits by the temperature (never multiply). For top-k, find the k-th highest score and keep "
+       "every token scoring at least that much (ties with it stay); give the others -inf, so the softmax gives them 0.",
+       "if temperature == 0: one-hot at logits.argmax(); scores = logits / temperature; "
+       "if top_k: kth = torch.topk(scores, top_k).values[-1]; scores[scores < kth] = -inf; return softmax(scores)")
+def check_next_probs(next_probs) -> str:
+    """next_probs(logits [vocab], temperature, top_k) -> the probabilities [vocab] the next token is drawn from:
+    temperature 0 = greedy (all the probability on the highest logit), top_k None = no top-k, ties with the k-th kept."""
+    expect(callable(next_probs), "define next_probs(logits, temperature, top_k) returning probabilities [vocab].")
+    for logits, t, k in _choice_cases():
+        with _no_choice():
+            got = returned(call(next_probs, logits.clone(), t, k), "tensor", "the probabilities")
+        where = f"at temperature {t:g}, top_k {k} on {logits.numel()} logits"
+        expect(got.shape == logits.shape, f"{where}: return one probability per token, a tensor of shape "
                                           f"{list(logits.shape)}, not {list(got.shape)}.")
         got = got.float()
-        expect(torch.isfinite(got).all() and abs(float(got.sum()) - 1) < 1e-4,
-               f"at temperature {t} your probabilities sum to {float(got.sum()):.4f}, not 1: apply a softmax.")
-        want = torch.softmax(logits / t, dim=-1)
-        if t != 1.0:
-            wrong = torch.softmax(logits * t, dim=-1)
-            expect(not torch.allclose(got, wrong, atol=1e-4),
-                   f"at temperature {t} you multiplied by the temperature: divide the logits by it instead.")
-        expect(torch.allclose(got, want, atol=1e-4),
-               f"at temperature {t} expected {[round(x, 3) for x in want.tolist()]}, got "
-               f"{[round(x, 3) for x in got.tolist()]}. Hint: torch.softmax(logits / temperature, dim=-1).")
-    return "a low temperature sharpens the distribution, a high one flattens it."
-
-
-@exercise
-@hints("Top-k keeps a fixed number of tokens, the best ones, whatever their probabilities.",
-       "torch.topk(values, k) gives the k largest values and their indices.",
-       "return set(torch.topk(logits, k).indices.tolist())")
-def check_top_k(keep_top_k) -> str:
-    """keep_top_k(logits, k) -> a set of the token ids that top-k keeps."""
-    expect(callable(keep_top_k), "define keep_top_k(logits, k) returning the set of kept token ids.")
-    logits = torch.tensor([0.1, 3.0, -2.0, 2.5, 0.7, 2.9])
-    for k in (1, 2, 3, 6):
-        with _no_sampler("top_k_mask", why="pick the k highest logits yourself (torch.topk is fine)"):
-            got = returned(call(keep_top_k, logits.clone(), k), "id set", "the kept ids")
-        want = set(torch.topk(logits, k).indices.tolist())
-        smallest = set(torch.topk(-logits, k).indices.tolist())
-        expect(got != smallest or got == want, f"for k={k} you kept the k LEAST likely tokens: keep the largest.")
-        expect(len(got) == k, f"for k={k} keep exactly {k} ids, you kept {len(got)}.")
-        expect(got == want, f"for k={k} top-k keeps {sorted(want)}, you kept {sorted(got)}. "
-                            "Hint: torch.topk(logits, k).indices.")
-    return "top-k keeps the k highest logits; every other token gets probability 0."
+        want = sampling.next_token_probs(logits, t, k)
+        best = int(logits.argmax())
+        if t == 0:
+            expect(bool(torch.isfinite(got).all()), f"{where} your probabilities hold NaN or inf: temperature 0 "
+                                                    "means greedy, so do not divide by it; put all the probability "
+                                                    "on the highest logit.")
+            expect(int(got.argmax()) != int(logits.argmin()), f"{where} you favoured the LEAST likely token: greedy "
+                                                               "takes the highest logit.")
+            expect(torch.allclose(got, want, atol=1e-5), f"{where} greedy gives probability 1 to token {best} (the "
+                                                         "highest logit) and 0 to every other, whatever top_k says.")
+            continue
+        expect(bool(torch.isfinite(got).all()) and abs(float(got.sum()) - 1) < 1e-4,
+               f"{where} your probabilities sum to {float(got.sum()):.4f}, not 1: apply a softmax to the kept scores "
+               "(give dropped tokens -inf before it, or divide by what is left after it).")
+        if torch.allclose(got, want, atol=1e-5) and _kept(got) == _kept(want):
+            continue
+        every = torch.ones_like(logits, dtype=torch.bool)
+        top = torch.zeros_like(every).scatter(0, torch.topk(logits, k).indices, True) if k else every
+        bottom = torch.zeros_like(every).scatter(0, torch.topk(-logits, k).indices, True) if k else every
+        mistakes = [(_masked_softmax(logits / t, top), f"you kept exactly {k} tokens, but {len(_kept(want))} tie for "
+                     f"the top {k} places: keep EVERY token scoring at least the {k}-th highest score (transformers "
+                     "and the library keep ties), not only the k indices torch.topk returns."),
+                    (_masked_softmax(logits / t, every), f"you kept every token: top_k = {k} keeps only the {k} highest."),
+                    (_masked_softmax(logits / t, bottom), f"you kept the {k} LEAST likely tokens: keep the highest.")]
+        if t != 1:
+            mistakes += [(_masked_softmax(logits * t, top if k else every), "you multiplied the logits by the "
+                          "temperature: divide them by it (a temperature below 1 sharpens)."),
+                         (_masked_softmax(logits, top if k else every), f"your probabilities ignore the temperature "
+                          f"{t:g}: divide the logits by it before the softmax.")]
+        for wrong, message in mistakes[0 if k else 3:]:
+            expect(not (torch.allclose(got, wrong, atol=1e-5) and _kept(got) == _kept(wrong)), f"{where} {message}")
+        expect(False, f"{where} the library keeps tokens {_kept(want)} with probabilities "
+                      f"{[round(x, 3) for x in want[want > 0].tolist()][:8]}; you kept {_kept(got)[:12]}.")
+    return ("greedy is the argmax, temperature divides the logits, top-k keeps the k highest (and their ties): "
+            "the first three knobs of every sampler.")
 
 
 # ---------------------------------------------------------------------------------------------- top-p

@@ -1,5 +1,6 @@
-"""Checks for notebook 06 (the KV cache): the byte formula, GQA and MQA, users that fit, the cached decoding loop,
-and the cache's own update (write at `length`, return a view).
+"""Checks for notebook 06 (the KV cache): a model's cache bytes from its config (MHA, GQA, MQA, MLA, sliding and
+hybrid windows), users that fit, the cached decoding loop, and the cache's own update (write at `length`, return a
+view).
 
 The loop and the update run on a tiny random model the notebook never showed, and are compared with the library.
 """
@@ -12,51 +13,93 @@ from ..model.kv_cache import KVCache
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 from ._tiny import Recorder, reference_tokens, stop_cases, stopped_on_the_prompt, tiny_model
 
-# (layers, kv_heads, head_dim, bytes per number) -> bytes per token, from published configs
-_KNOWN = {
-    "Llama-2-7B (fp16)": ((32, 32, 128, 2), 524_288),
-    "Llama-3-8B (bf16)": ((32, 8, 128, 2), 131_072),
-    "Falcon-7B (bf16)": ((32, 1, 64, 2), 8_192),
-    "SmolLM2-135M (bf16)": ((30, 3, 64, 2), 23_040),
-    "SmolLM2-135M (fp32)": ((30, 3, 64, 4), 46_080),
-}
 GIB = 2**30
 
 
-@exercise
-@hints("Count what one token leaves behind in one layer first, then in all of them.",
-       "Per layer and per KV head, a key of head_dim numbers AND a value of head_dim numbers.",
-       "return 2 * layers * kv_heads * head_dim * bytes_per_element")
-def check_kv_bytes_per_token(fn) -> str:
-    """fn(layers, kv_heads, head_dim, bytes_per_element) -> bytes of K and V for one token."""
-    expect(callable(fn), "give a function kv_bytes_per_token(layers, kv_heads, head_dim, bytes_per_element).")
-    for name, (args, expected) in _KNOWN.items():
-        got = returned(call(fn, *args), "whole", "the bytes per token")
-        if got != expected and (got * args[3] == expected or got == expected / 2):
-            twice = returned(call(fn, *args[:3], 2 * args[3]), "whole", "the bytes per token")
-            expect(twice != got, f"{name}: you got {got:,}, the NUMBERS of K and V per token, the same whatever "
-                                 f"the format; multiply by bytes_per_element ({args[3]} bytes per number here).")
-            expect(got != expected / 2, f"{name}: you got {got:,}, half the answer. Both K and V are stored: "
-                                        "multiply by 2.")
-        if got == expected // args[0]:
-            expect(False, f"{name}: you got {got:,}. Every layer has its own K and V: multiply by the layers.")
-        expect(got == expected, f"{name}: expected {expected:,} bytes per token, got {got!r}. "
-                                "Multiply 2 (K and V) x layers x kv_heads x head_dim x bytes per number.")
-    return "2 x layers x kv_heads x head_dim x bytes per number: 524,288 B for Llama-2-7B, 8,192 B for Falcon-7B."
+def _held_back_configs() -> list[tuple[str, dict, int]]:
+    """(what, config, bytes per number) the notebook never showed: one of each layout, with the traps real configs
+    hold (no num_key_value_heads, a head_dim that is not hidden / heads, an MLA config that also names its heads)."""
+    hybrid = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(16)]
+    return [("an MHA model in fp32 whose config has no num_key_value_heads",
+             dict(num_hidden_layers=12, num_attention_heads=12, hidden_size=768), 4),
+            ("a GQA model with head_dim 128 (not hidden_size / heads)",
+             dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, hidden_size=1024,
+                  head_dim=128), 2),
+            ("an MQA model", dict(num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=1,
+                                  hidden_size=2048), 2),
+            ("an MLA model (its config names 16 KV heads too)",
+             dict(num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, hidden_size=2048,
+                  kv_lora_rank=512, qk_rope_head_dim=64), 2),
+            ("a model with a 2,048-token window on every layer",
+             dict(num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4, hidden_size=2048,
+                  sliding_window=2048), 2),
+            ("a hybrid model, one global layer in four, a 512-token window",
+             dict(num_hidden_layers=16, num_attention_heads=8, num_key_value_heads=2, hidden_size=1024, head_dim=256,
+                  sliding_window=512, layer_types=hybrid), 2)]
+
+
+def _no_window(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("sliding_window", "layer_types")}
 
 
 @exercise
-@hints("Both models have 32 layers and 2-byte numbers: only what one layer stores per token differs.",
-       "Compare kv_heads x head_dim: 32 x 128 for Llama-2-7B, 1 x 64 for Falcon-7B (same layers, same bytes).",
-       "answer = 524_288 / 8_192")
-def check_mqa_saving(answer) -> str:
-    """How many times less KV memory per token Falcon-7B (MQA) needs than Llama-2-7B (MHA), both in fp16."""
-    expect(answer is not None, "assign a number to `answer`.")
-    answer = returned(answer, "number", "the saving (a number, such as 10)")
-    expect(abs(answer - 64) < 0.5,
-           f"{answer} is off. Divide the two bytes-per-token figures in the table above; remember Falcon-7B's "
-           "head_dim is 64, not 128.")
-    return "64 times: one KV head of 64 numbers instead of 32 heads of 128."
+@hints("Read the layout from the config first: an MLA config has kv_lora_rank; a windowed one has sliding_window "
+       "(and layer_types, if only some layers are local); every other one is MHA, GQA or MQA by its KV heads.",
+       "MHA/GQA/MQA: 2 (K and V) x kv_heads x head_dim x bytes per token per layer, with the defaults the config "
+       "leaves out (kv_heads = heads, head_dim = hidden_size // heads). MLA: (kv_lora_rank + qk_rope_head_dim) x "
+       "bytes per token per layer, no 2. A local layer holds min(context, sliding_window) tokens.",
+       "if MLA: return layers * (rank + rope) * b * context; per_token_layer = 2 * kv * head_dim * b; local = "
+       "[t == 'sliding_attention' for t in layer_types] (or all layers if only sliding_window); return "
+       "sum(per_token_layer * (min(context, window) if l else context) for l in local)")
+def check_kv_cache_bytes(kv_cache_bytes) -> str:
+    """kv_cache_bytes(config dict, context, bytes_per_element) -> bytes of one sequence's KV cache, for MHA, GQA,
+    MQA, MLA and sliding-window/hybrid configs the notebook never showed, below and beyond their windows."""
+    from ..measure import kv_memory
+    from ..model import kv_cache
+
+    expect(callable(kv_cache_bytes), "define kv_cache_bytes(config, context, bytes_per_element) returning bytes.")
+    library = [(kv_memory, "kv_cache_bytes_from_config"), (kv_memory, "kv_bytes_per_token"), (kv_cache, "kv_bytes"),
+               (kv_cache, "kv_cache_bytes")]
+    for what, config, size in _held_back_configs():
+        for context in (300, 8_000):
+            with forbidden_all(library, "read the config and count the bytes yourself: that is the exercise"):
+                got = returned(call(kv_cache_bytes, dict(config), context, size), "whole", "the bytes")
+            want = kv_memory.kv_cache_bytes_from_config(config, context, size)
+            if got == want:
+                continue
+            where = f"for {what}, {context:,} tokens, {size}-byte numbers"
+            L, heads = config["num_hidden_layers"], config["num_attention_heads"]
+            as_heads = dict(config, kv_lora_rank=None)
+            mistakes = [(want // 2 if config.get("kv_lora_rank") is None else None,
+                         "you stored only the keys: K AND V are kept, a factor 2."),
+                        (2 * want if config.get("kv_lora_rank") else None,
+                         "MLA keeps ONE latent per token and layer, from which K and V are both rebuilt: no factor 2."),
+                        (kv_memory.kv_cache_bytes_from_config(as_heads, context, size) if config.get("kv_lora_rank")
+                         else None, "this is an MLA config (kv_lora_rank is set): it caches the latent of kv_lora_rank "
+                                    "numbers plus the qk_rope_head_dim RoPE key per layer, not K and V per head."),
+                        (L * config.get("kv_lora_rank", 0) * size * context if config.get("kv_lora_rank") else None,
+                         "MLA also keeps the shared RoPE key, qk_rope_head_dim numbers per token and layer."),
+                        (kv_memory.kv_cache_bytes_from_config(_no_window(config), context, size)
+                         if config.get("sliding_window") else None,
+                         "a local layer keeps at most sliding_window tokens: min(context, sliding_window)."),
+                        (kv_memory.kv_cache_bytes_from_config(dict(config, layer_types=None), context, size)
+                         if config.get("layer_types") else None,
+                         "only the layers that layer_types calls 'sliding_attention' are local; the "
+                         "'full_attention' ones keep every token."),
+                        (kv_memory.kv_cache_bytes_from_config(dict(config, num_key_value_heads=1), context, size)
+                         if "num_key_value_heads" not in config else None,
+                         "a config without num_key_value_heads is MHA: one K and V head per attention head."),
+                        (kv_memory.kv_cache_bytes_from_config(dict(config, head_dim=None), context, size)
+                         if config.get("head_dim") else None,
+                         "use the config's head_dim when it gives one: hidden_size // heads is only the default."),
+                        (want // size, "you counted NUMBERS, not bytes: multiply by bytes_per_element "
+                                       f"({size} bytes per number here)."),
+                        (want // context, "that is the bytes of ONE token: multiply by the tokens each layer keeps.")]
+            for wrong, message in mistakes:
+                expect(wrong is None or got != wrong, f"{where}: {message}")
+            expect(False, f"{where}: expected {want:,} bytes, got {got:,}.")
+    return ("one formula per layout: K and V per head for MHA/GQA/MQA, one latent for MLA, a window for local layers. "
+            "The model's config says which.")
 
 
 @exercise
@@ -83,7 +126,7 @@ def check_users_that_fit(answer) -> str:
 # ---------------------------------------------------------------------------------------------- the cached loop
 
 @exercise
-@hints("Start from your loop of exercise 5.5 and the cached loop above: the stop rule stays, the model calls change.",
+@hints("Start from your loop of exercise 5.3 and the cached loop above: the stop rule stays, the model calls change.",
        "Make ONE cache before the loop, big enough for the prompt and max_new_tokens; the first call feeds the whole "
        "prompt with it (prefill), every later call feeds ONLY the newest token, shape [1, 1], with the same cache.",
        "cache = model.new_cache(1, ids.shape[1] + max_new_tokens); logits = model(ids, cache); loop: next_id = "

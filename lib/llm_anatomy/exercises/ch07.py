@@ -1,13 +1,12 @@
 """Checks for notebook 07 (prefill and decode): the FLOPs and bytes of one decode step, the batch at which decode
-reaches the ridge point (predicted, then measured), a step's three lower bounds and its regime, and the bandwidth
-ceiling of batch-1 decode.
+reaches the ridge point (predicted, then measured), a step's three lower bounds and its regime, and the floor under
+a decode step at any batch and context (the prediction the batch x context table is read against).
 
 The work count is checked against llm_anatomy.measure.forward_work on model shapes the notebook never used.
 """
 
 from __future__ import annotations
 
-import math
 
 from ..measure import overhead, roofline
 from ..measure.overhead import REGIMES, regime, regime_times
@@ -174,17 +173,55 @@ def check_step_bounds(step_bounds) -> str:
             "issuing each op.")
 
 
+_MACHINES = {"an H100-class GPU": (3.35e12, 9.9e14), "a T4": (3.0e11, 6.5e13), "a laptop CPU": (6.0e10, 1.0e12),
+             "one slow CPU core": (2.0e10, 5.0e9)}
+_MODELS = {"Llama-3-8B in bf16": (16.06e9, 131_072, 8.03e9), "a 1B model in bf16": (2.47e9, 32_768, 1.24e9),
+           "a 360M model in int8": (0.36e9, 15_360, 0.36e9)}  # weight bytes, KV bytes per token, parameters
+_GRID = [(1, 512), (8, 4096), (64, 1024), (1024, 16), (256, 8)]  # (batch, context): both regimes
+
+
 @exercise
-@hints("Every token reads every weight once, and nothing else matters much at batch 1.",
-       "tokens per second = bytes per second the memory delivers / bytes each token reads.",
-       "ceiling = bandwidth / weight_bytes")
-def check_decode_ceiling(answer, weight_bytes: float, bandwidth: float) -> str:
-    """The most tokens/s batch-1 decode can reach: bandwidth / bytes read per token (the weights)."""
-    expect(answer is not None, "assign your answer, a number of tokens per second, to the variable in the cell "
-                               "(`ceiling`).")
-    answer = returned(answer, "number", "a number of tokens per second")
-    right = bandwidth / weight_bytes
-    expect(answer <= 0 or abs(answer * right - 1) > 0.1, "upside down: tokens/s = bytes/s / bytes per token.")
-    expect(abs(answer - right) <= 0.1 * right, f"{answer:.3g} is off: divide the measured bandwidth (bytes/s) by "
-                                               "the bytes of the weights that every token reads.")
-    return f"at most {right:.0f} tokens/s at batch 1, however fast the arithmetic units are."
+@hints("Two floors: the bytes the step must read over the bandwidth, and the FLOPs it must do over the peak. Which "
+       "bytes are shared by the batch, and which does every sequence bring?",
+       "The weights are read once per step for the whole batch; each sequence reads its own cache, context x KV bytes "
+       "per token. Every sequence's token does 2 FLOPs per parameter. The step takes at least the larger floor.",
+       "memory = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth; compute = 2 * batch * params / "
+       "flops_per_s; return max(memory, compute)")
+def check_predict_step(predict_step_s) -> str:
+    """predict_step_s(batch, context, weight_bytes, kv_bytes_per_token, params, bandwidth, flops_per_s) -> the
+    predicted decode step time in seconds, on machines and models the notebook never measured."""
+    expect(callable(predict_step_s), "define predict_step_s(batch, context, weight_bytes, kv_bytes_per_token, params, "
+                                     "bandwidth, flops_per_s) returning seconds.")
+    library = [(roofline, "predict_decode_step_s"), (roofline, "forward_work"), (overhead, "regime_times")]
+    regimes = set()
+    for machine, (bw, fl) in _MACHINES.items():
+        for model, (w, kv, n) in _MODELS.items():
+            for b, c in _GRID:
+                with forbidden_all(library, "add up the bytes and the FLOPs yourself: the prediction is the exercise"):
+                    got = returned(call(predict_step_s, b, c, w, kv, n, bw, fl), "number", "the step time in seconds")
+                memory, compute = (w + b * c * kv) / bw, 2 * b * n / fl
+                want = roofline.predict_decode_step_s(b, c, w, kv, n, bw, fl)
+                regimes.add("memory" if memory >= compute else "compute")
+                if _close(got, want, 1e-6):
+                    continue
+                where = f"for batch {b} at context {c} on {machine}, {model}"
+                for wrong, message in [
+                        (max((w + c * kv) / bw, compute), "each sequence reads its OWN cache: multiply the KV bytes "
+                                                          "by the batch as well as the context."),
+                        (max((b * w + b * c * kv) / bw, compute), "the weights are read once per step for the whole "
+                                                                  "batch: do not multiply them by the batch."),
+                        (memory + compute, "the step is at least each floor, and the two overlap: take the larger "
+                                           "(max), not their sum."),
+                        (max(memory, b * n / fl), "every parameter does 2 FLOPs per token (a multiply and an add)."),
+                        (memory, "you left out the arithmetic floor, or did not multiply it by the batch: every "
+                                 "sequence's token does 2 x params FLOPs, and at a large batch (or on a slow core) "
+                                 "they take longer than the bytes."),
+                        (max(memory, 2 * n / fl), "every sequence's token does 2 x params FLOPs: multiply by the batch."),
+                        (max(w / bw, compute), "you left out the KV cache: batch x context x KV bytes per token are "
+                                               "read too."),
+                        (min(memory, compute), "a floor is the LARGER of the two: the step cannot beat either one.")]:
+                    expect(not _close(got, wrong, 1e-6), f"{where}: {message}")
+                expect(False, f"{where} the floor is {want * 1e3:.3f} ms (bytes {memory * 1e3:.3f} ms, FLOPs "
+                              f"{compute * 1e3:.3f} ms), you predicted {got * 1e3:.3f} ms.")
+    expect(regimes == {"memory", "compute"}, "internal: the cases should cover both floors.")
+    return "the weights are shared by the batch, the caches are not: the table below is this formula, measured."

@@ -6,7 +6,7 @@
   presence once from every token seen at least once, and frequency once per time it was seen; 0 is off.
 
 Which ids count is the caller's choice; vLLM counts the prompt and the output for the repetition penalty and only
-the output for presence and frequency, and so does `GenerationSession`. Engines apply these before temperature
+the output for presence and frequency, and so do `Penalties.apply` and `GenerationSession`. Engines apply these before temperature
 and the filters (generate/sampling.py), as transformers does.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -54,3 +55,32 @@ def apply_penalties(logits: torch.Tensor, seen: Sequence[int], *, repetition: fl
         hit = counts > 0
         out = torch.where(hit & (out > 0), out / repetition, torch.where(hit, out * repetition, out))
     return out - presence * (counts > 0).to(out.dtype) - frequency * counts
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """The three penalties as one setting (all off by default), validated when made; `apply` uses vLLM's counting:
+    the prompt and the output for the repetition penalty, the output only for presence and frequency."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    def __post_init__(self):
+        check_penalties(self.repetition, self.presence, self.frequency)
+
+    @property
+    def active(self) -> bool:
+        return (self.repetition, self.presence, self.frequency) != (1.0, 0.0, 0.0)
+
+    def describe(self) -> str:
+        parts = [f"{name} {value:g}" for name, value, off in (("repetition", self.repetition, 1.0),
+                 ("presence", self.presence, 0.0), ("frequency", self.frequency, 0.0)) if value != off]
+        return ", ".join(parts) or "no penalties"
+
+    def apply(self, logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
+        """The logits `[vocab]` (float32) with the penalties applied; the same values when none is set."""
+        if not self.active:
+            return logits.float()
+        out = apply_penalties(logits, list(prompt) + list(output), repetition=self.repetition)
+        return apply_penalties(out, output, presence=self.presence, frequency=self.frequency)

@@ -7,8 +7,9 @@
 `prefill` runs the prompt once, fills the KV cache and chooses the first new token from the last
 position's logits. Each `step` feeds only the newest token (its K and V are appended to the cache)
 and chooses the next one. The newest token is chosen but not fed yet, so its logits are kept:
-`resample(temperature=..., top_k=..., top_p=...)` draws the current token again from the same
-logits, without running the model. Generation stops at the end-of-turn token or the length limit.
+`resample(temperature=..., top_k=..., top_p=..., min_p=..., penalties=...)` draws the current token again from
+the same logits, without running the model. Penalties (penalties.Penalties) act on the logits before the filters,
+counting the prompt and the output for the repetition penalty and the output only for presence and frequency. Generation stops at the end-of-turn token or the length limit.
 
 Every call returns a `StepResult` (steps.py) with what a view needs (token, candidates, cache size, time).
 A refused call (CourseError) leaves the session exactly as it was.
@@ -23,6 +24,7 @@ import torch
 
 from .chat import chat_prompt_ids, end_of_turn_ids
 from .decode import decode_step, prefill
+from .penalties import Penalties
 from ..device import timed
 from ..errors import CourseError
 from .sampling import SamplingSettings, sample_with, seeded_generator
@@ -39,7 +41,8 @@ class GenerationSession:
     model: a ScratchLlama (llm_anatomy.model.scratch); tokenizer: its transformers tokenizer.
     The session calls the course's one decoding loop, `decode.prefill` and `decode.decode_step`.
     max_new_tokens: stop after this many new tokens (also capped by the model's context).
-    settings: how tokens are chosen (temperature 0 = greedy); seed: for the sampling generator.
+    settings: how tokens are chosen (temperature 0 = greedy); penalties: on tokens already seen (off by default);
+    seed: for the sampling generator.
     attention: (layer, head) to record the newest token's attention row at every call, or None.
     top_n: how many candidates each StepResult lists.
     """
@@ -52,11 +55,12 @@ class GenerationSession:
     attention: tuple[int, int] | None = None
     top_n: int = 10
     stop_ids: tuple[int, ...] = ()
+    penalties: Penalties = field(default_factory=Penalties)
 
     def __post_init__(self):
         if not isinstance(self.model, ScratchLlama):
             raise CourseError("GenerationSession runs the from-scratch model: pass ScratchLlama.from_hf(load_model()).")
-        self._new_options(None, None, None, _KEEP)  # validates the options given
+        self._new_options(None, None, None, _KEEP, None)  # validates the options given
         self.generator = seeded_generator(self.seed)
         self.stop_ids = tuple(self.stop_ids) or end_of_turn_ids(self.tokenizer)
         self.cache = None
@@ -116,15 +120,16 @@ class GenerationSession:
                               "shorten it to leave room for an answer.")
 
     def prefill(self, prompt: str | list[int], chat: bool = True, *, max_new_tokens: int | None = None,
-                settings: SamplingSettings | None = None, seed: int | None = None, attention=_KEEP) -> StepResult:
+                settings: SamplingSettings | None = None, seed: int | None = None, attention=_KEEP,
+                penalties: Penalties | None = None) -> StepResult:
         """Run the whole prompt through the model once, fill the KV cache, and choose the first new token.
 
         `prompt` is text (wrapped in the chat template when chat=True) or a list of token ids.
-        max_new_tokens, settings, seed, attention: new options for this run; like the prompt, they take effect
+        max_new_tokens, settings, seed, attention, penalties: new options for this run; like the prompt, they take effect
         only if the prefill succeeds (a refused call leaves the session exactly as it was).
         Starts over if the session already ran. Returns the first token's StepResult (ms = prefill time).
         """
-        options = self._new_options(max_new_tokens, settings, seed, attention)  # validated before anything runs
+        options = self._new_options(max_new_tokens, settings, seed, attention, penalties)  # validated first
         if isinstance(prompt, (list, tuple)):
             ids = [int(i) for i in prompt]
             if not ids:
@@ -135,8 +140,8 @@ class GenerationSession:
         limit = min(options["max_new_tokens"], self.context_length - len(ids))
         cache = self.model.new_cache(1, len(ids) + limit)
         generator = seeded_generator(options["seed"])  # a fresh start: the same seed gives the same tokens
-        logits, first = self._call(ids, cache, index=0, limit=limit, generator=generator,
-                                   settings=options["settings"], attention=options["attention"])
+        logits, first = self._call(ids, cache, index=0, limit=limit, generator=generator, settings=options["settings"],
+                                   attention=options["attention"], penalties=options["penalties"])
         # all went well: commit the new state
         for name, value in options.items():
             setattr(self, name, value)
@@ -146,7 +151,7 @@ class GenerationSession:
         self.prefill_ms = first.ms
         return first
 
-    def _new_options(self, max_new_tokens, settings, seed, attention) -> dict:
+    def _new_options(self, max_new_tokens, settings, seed, attention, penalties) -> dict:
         """The session's options with the given ones changed, each validated (CourseError before any change)."""
         max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
@@ -158,7 +163,11 @@ class GenerationSession:
         seeded_generator(seed)  # validates
         attention = self.attention if attention is _KEEP else attention
         self.check_attention(attention)
-        return {"max_new_tokens": max_new, "settings": settings, "seed": seed, "attention": attention}
+        penalties = self.penalties if penalties is None else penalties
+        if not isinstance(penalties, Penalties):
+            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...).")
+        return {"max_new_tokens": max_new, "settings": settings, "seed": seed, "attention": attention,
+                "penalties": penalties}
 
     # ---- decoding --------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -168,32 +177,36 @@ class GenerationSession:
         self._commit(result, logits)
         return result
 
-    def resample(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP) -> StepResult:
+    def resample(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP, min_p=_KEEP, *, penalties=_KEEP) -> StepResult:
         """Choose the newest token again from the logits already computed, with new settings (no model call).
 
         Settings not given stay as they are; the new ones stay for the following steps.
         """
-        settings = self._updated_settings(temperature, top_k, top_p)  # validates: CourseError before any change
+        settings = self._updated_settings(temperature, top_k, top_p, min_p)  # validates: CourseError before any change
+        penalties = self._new_options(None, settings, None, _KEEP, None if penalties is _KEEP else penalties)["penalties"]
         if not self.prefilled:
-            self.settings = settings
+            self.settings, self.penalties = settings, penalties
             return None
         previous = self.steps[-1]
         result = self._choose(self._logits, index=previous.index, fed=previous.fed_tokens, cache=self.cache,
-                              limit=self._limit, attention=previous.attention, settings=settings)
+                              limit=self._limit, attention=previous.attention, settings=settings,
+                              prompt=self.prompt_ids, penalties=penalties)
         result = dataclasses.replace(result, ms=previous.ms, resampled=True)
-        self.settings = settings
+        self.settings, self.penalties = settings, penalties
         self.generated[-1] = result.token_id
         self.steps[-1] = result
         return result
 
-    def set_settings(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP) -> None:
+    def set_settings(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP, min_p=_KEEP, *, penalties=_KEEP) -> None:
         """Change the settings for the next steps without touching the current token."""
-        self.settings = self._updated_settings(temperature, top_k, top_p)
+        settings = self._updated_settings(temperature, top_k, top_p, min_p)
+        penalties = self._new_options(None, settings, None, _KEEP, None if penalties is _KEEP else penalties)["penalties"]
+        self.settings, self.penalties = settings, penalties
 
-    def _updated_settings(self, temperature, top_k, top_p) -> SamplingSettings:
+    def _updated_settings(self, temperature, top_k, top_p, min_p) -> SamplingSettings:
         """The current settings with the given ones changed (_KEEP leaves one as it is); validated."""
-        changes = {name: value for name, value in
-                   (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if value is not _KEEP}
+        changes = {name: value for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                                                   ("min_p", min_p)) if value is not _KEEP}
         return dataclasses.replace(self.settings, **changes)
 
     def set_seed(self, seed: int) -> None:
@@ -236,7 +249,7 @@ class GenerationSession:
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _call(self, ids: list[int], cache, *, index: int, limit: int, generator=None, settings=None,
-              attention=_KEEP) -> tuple[torch.Tensor, StepResult]:
+              attention=_KEEP, penalties=None) -> tuple[torch.Tensor, StepResult]:
         """One model call (prefill for the prompt, decode_step for one token) and the choice of the next token.
 
         Returns the logits `[vocab]` (CPU float32) of the last position and the StepResult, whose ms is the wall
@@ -252,14 +265,19 @@ class GenerationSession:
             row = out.attentions[attention[0]][0, attention[1], -1].float().cpu() if attention else None  # [positions]
             logits = out.logits[0, -1].float().cpu()
             return logits, self._choose(logits, index=index, fed=len(ids), cache=cache, limit=limit, attention=row,
-                                        settings=settings, generator=generator)
+                                        settings=settings, generator=generator, penalties=penalties,
+                                        prompt=ids if index == 0 else self.prompt_ids)
 
         seconds, (logits, result) = timed(work, self.model.device)
         return logits, dataclasses.replace(result, ms=seconds * 1e3)
 
-    def _choose(self, logits, *, index, fed, cache, limit, attention, settings=None, generator=None) -> StepResult:
-        settings = settings or self.settings
-        token, probs = sample_with(logits, settings, generator or self.generator)
+    def _choose(self, logits, *, index, fed, cache, limit, attention, prompt, settings=None, generator=None,
+                penalties=None) -> StepResult:
+        """The token chosen from the raw logits [vocab]: penalties on the prompt and the tokens before `index`,
+        then the sampling settings."""
+        settings, penalties = settings or self.settings, penalties or self.penalties
+        scores = penalties.apply(logits, prompt, self.generated[:index] if index else [])
+        token, probs = sample_with(scores, settings, generator or self.generator)
         token = int(token)
         candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts)
         if token in self.stop_ids:
@@ -281,9 +299,11 @@ class GenerationSession:
 
 
 def generate(model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64, chat: bool = True,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 0) -> str:
+             temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+             min_p: float = 0.0, penalties: Penalties | None = None) -> str:
     """The generated text for `prompt` (greedy by default), special tokens removed."""
-    session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens,
-                                settings=SamplingSettings(temperature, top_k, top_p), seed=seed)
+    session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens, seed=seed,
+                                settings=SamplingSettings(temperature, top_k, top_p, min_p),
+                                penalties=penalties or Penalties())
     session.generate(prompt, chat)
     return tokenizer.decode(session.generated, skip_special_tokens=True)

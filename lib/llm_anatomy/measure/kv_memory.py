@@ -149,3 +149,69 @@ def kv_report(model: str, length: int, users: int = 1, dtype: str = "bf16", gpu_
     weights = int(shape.parameters * size)
     return KVReport(model, length, users, dtype, memory, per_token, per_token * length, per_token * length * users,
                     weights, users_that_fit(per_token * length, memory, weights))
+
+
+# ---------------------------------------------------------------------------------------------- from a config dict
+
+def _local(config: dict) -> list[bool]:
+    """For each layer, whether it keeps only a sliding window of tokens (a local layer)."""
+    layers = config["num_hidden_layers"]
+    if config.get("layer_types"):
+        return [kind == "sliding_attention" for kind in config["layer_types"]]
+    windowed = config.get("sliding_window") is not None and config.get("use_sliding_window", True)
+    return [bool(windowed)] * layers
+
+
+def layout_name(config: dict) -> str:
+    """The cache layout a config describes: 'MLA', 'hybrid' (local and global layers), 'sliding' (every layer
+    local), or by its KV heads 'MHA', 'GQA' or 'MQA'."""
+    if config.get("kv_lora_rank"):
+        return "MLA"
+    local = _local(config)
+    if any(local):
+        return "sliding" if all(local) else "hybrid"
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    return "MHA" if kv == heads else "MQA" if kv == 1 else "GQA"
+
+
+def kv_cache_bytes_from_config(config: dict, context: int, bytes_per_element: int) -> int:
+    """Bytes of one sequence's KV cache after `context` tokens, from a model's config.json (a dict).
+
+    MLA (DeepSeek; `kv_lora_rank` set): each layer keeps one compressed latent (kv_lora_rank numbers) and one shared
+    RoPE key (qk_rope_head_dim numbers) per token, from which K and V are both rebuilt: no factor 2. Otherwise each
+    layer keeps a key and a value of num_key_value_heads x head_dim numbers per token (num_key_value_heads missing:
+    one per head, MHA; head_dim missing: hidden_size // num_attention_heads), for every token on a global layer and
+    for at most `sliding_window` tokens on a local one (`layer_types`: "sliding_attention" or "full_attention" per
+    layer; without it, a sliding_window applies to every layer, as in Mistral-7B v0.1).
+    """
+    layers = config["num_hidden_layers"]
+    if config.get("kv_lora_rank"):
+        return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * bytes_per_element * context
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    window = config.get("sliding_window")
+    held = sum(min(context, window) if local else context for local in _local(config))  # tokens, all layers
+    return 2 * kv * head_dim * bytes_per_element * held
+
+
+def _pattern(layers: int, every: int) -> list[str]:
+    """Local layers with a global one every `every` layers (the last of each group)."""
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+
+
+# The fields of published config.json files that set the cache (the models' pages on the Hugging Face hub).
+LAYOUT_CONFIGS: dict[str, dict] = {
+    "Llama-2-7B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096),
+    "Llama-3-8B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096),
+    "Falcon-7B": dict(num_hidden_layers=32, num_attention_heads=71, num_key_value_heads=1, hidden_size=4544),
+    "DeepSeek-V3": dict(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, hidden_size=7168,
+                        kv_lora_rank=512, qk_rope_head_dim=64),
+    "Mistral-7B-v0.1": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
+                            sliding_window=4096),
+    "Gemma-2-9B": dict(num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, hidden_size=3584,
+                       head_dim=256, sliding_window=4096, layer_types=_pattern(42, 2)),
+    "Gemma-3-27B": dict(num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, hidden_size=5376,
+                        head_dim=128, sliding_window=1024, layer_types=_pattern(62, 6)),
+}

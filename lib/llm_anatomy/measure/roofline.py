@@ -126,6 +126,15 @@ def roof(peaks: Peaks, intensity: float) -> float:
 
 
 
+def predict_decode_step_s(batch: int, context: int, weight_bytes: float, kv_bytes_per_token: float, params: float,
+                          bandwidth: float, flops_per_s: float) -> float:
+    """The scaling book's floor under a decode step, in seconds: the larger of reading the weights once plus every
+    sequence's own cache, (weight_bytes + batch x context x kv_bytes_per_token) / bandwidth, and the arithmetic,
+    2 x batch x params / flops_per_s. The two overlap on real hardware, so the step is at least the larger one."""
+    memory = (weight_bytes + batch * context * kv_bytes_per_token) / bandwidth
+    return max(memory, 2 * batch * params / flops_per_s)
+
+
 def roof_share(peaks: Peaks, work: Work, seconds: float) -> float:
     """The attained FLOP/s of a run that did `work` in `seconds`, as a share of the roof at its intensity (0 to ~1)."""
     return roofline_point("", work, seconds).flops_per_s / roof(peaks, work.intensity)

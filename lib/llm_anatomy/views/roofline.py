@@ -7,7 +7,8 @@ from ..measure.roofline import RooflinePoint, roof
 
 
 def plot_roofline(peaks: Peaks, points: list[RooflinePoint], ax=None, title: str | None = None):
-    """Log-log roofline: the measured roofs and each run as a point. Returns the matplotlib Axes."""
+    """Log-log roofline: the measured roof and each run as a numbered point, named in a legend beside the plot (so
+    that labels of close points never overprint). Returns the matplotlib Axes."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -18,12 +19,19 @@ def plot_roofline(peaks: Peaks, points: list[RooflinePoint], ax=None, title: str
     ax.loglog(x, [roof(peaks, i) / 1e9 for i in x], color="black", lw=2, label="measured roof")
     ax.axvline(peaks.ridge_intensity, color="grey", ls=":", lw=1)
     markers = {"prefill": "o", "decode": "s"}
-    for p in points:
+    placed: list[tuple[float, float]] = []  # where each number went, in log10 units
+    for number, p in enumerate(points, 1):
         kind = next((k for k in markers if p.label.startswith(k)), None)
-        ax.loglog(p.intensity, p.flops_per_s / 1e9, markers.get(kind, "^"),
+        y = p.flops_per_s / 1e9
+        ax.loglog(p.intensity, y, markers.get(kind, "^"), ls="none", label=f"{number}: {p.label}",
                   color={"prefill": "tab:orange", "decode": "tab:blue"}.get(kind, "tab:green"))
-        ax.annotate(p.label, (p.intensity, p.flops_per_s / 1e9), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        # only the number sits by the point (the legend names it); a number that would land on an earlier one is
+        # moved down a line, so close points stay readable
+        here = (np.log10(p.intensity), np.log10(max(y, 1e-12)))
+        crowded = sum(abs(here[0] - a) < 0.12 and abs(here[1] - b) < 0.12 for a, b in placed)
+        placed.append(here)
+        ax.annotate(str(number), (p.intensity, y), fontsize=7, xytext=(4, 3 - 9 * crowded), textcoords="offset points")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attained GFLOP/s")
     ax.set_title(title or f"Roofline of {peaks.device} ({peaks.dtype})")

@@ -7,11 +7,13 @@ A thin shell over `llm_anatomy.generate.session.GenerationSession` (public metho
 `llm_anatomy.views.stepper`: Prefill runs the prompt once and
 chooses the first token; Step feeds only the newest token and chooses the next; Play steps in a
 background thread until Pause, the end-of-turn token or the length limit. Changing temperature,
-top-k or top-p draws the current token again from the logits already computed (no model call).
+top-k, top-p, min-p or a penalty draws the current token again from the logits already computed (no model
+call).
 Everything is plain HTML/CSS in core ipywidgets, updated in place.
 
 CSS classes (for browser tests): root `la-stepper`; parts `la-stepper-prompt`, `-chat`,
-`-prefill`, `-step`, `-play`, `-reset`, `-temperature`, `-top-k`, `-top-p`, `-seed`, `-max-new`,
+`-prefill`, `-step`, `-play`, `-reset`, `-temperature`, `-top-k`, `-top-p`, `-min-p`, `-repetition`,
+`-presence`, `-frequency`, `-seed`, `-max-new`,
 `-status`, `-text` (tokens are `<span class="la-stepper-token">`, the newest also
 `la-stepper-token-new`), `-chart` (rows `la-stepper-bar`, the chosen one also `la-stepper-chosen`),
 `-cache` (the gauge), `-times`, `-attention-on`, `-layer`, `-head`, `-attention`, `-error`.
@@ -24,6 +26,7 @@ import threading
 import ipywidgets as W
 
 from ..errors import CourseError
+from ..generate.penalties import Penalties
 from ..generate.session import GenerationSession
 from ..generate.sampling import SamplingSettings
 from ..model.scratch import as_scratch
@@ -31,19 +34,21 @@ from ..views.stepper import attention_html, cache_html, chart_html, text_html, t
 from .base import CourseWidget, ErrorLine, guarded
 
 class Stepper(CourseWidget, W.VBox):
-    """Prefill, Step, Play/Pause, Reset; temperature, top-k, top-p; text, candidates, cache, times."""
+    """Prefill, Step, Play/Pause, Reset; temperature, top-k, top-p, min-p, penalties; text, candidates, cache, times."""
 
     root_class = "la-stepper"
 
     def __init__(self, loaded=None, *, model=None, tokenizer=None, prompt: str = "What is the capital of France?",
                  max_new_tokens: int = 64, temperature: float = 0.7, top_k: int = 50, top_p: float = 0.9,
-                 seed: int = 0):
+                 seed: int = 0, min_p: float = 0.0, penalties: Penalties | None = None):
         if loaded is not None:
             model, tokenizer = as_scratch(loaded), loaded.tokenizer
         if model is None or tokenizer is None:
             raise CourseError("Give the loaded model: Stepper(load_model()).")
-        self.session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens,
-                                         settings=SamplingSettings(temperature, top_k, top_p), seed=seed)
+        penalties = penalties or Penalties()
+        self.session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens, seed=seed,
+                                         settings=SamplingSettings(temperature, top_k, top_p, min_p),
+                                         penalties=penalties)
         self._lock = threading.Lock()  # one model call at a time (buttons and the Play thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -58,6 +63,13 @@ class Stepper(CourseWidget, W.VBox):
                                        layout=W.Layout(width="170px"))
         self.top_k = W.IntText(value=top_k, description="top-k (0 off)", layout=W.Layout(width="170px"))
         self.top_p = W.FloatText(value=top_p, description="top-p", step=0.05, layout=W.Layout(width="170px"))
+        self.min_p = W.FloatText(value=min_p, description="min-p", step=0.05, layout=W.Layout(width="170px"))
+        self.repetition = W.FloatText(value=penalties.repetition, description="repetition", step=0.1,
+                                      layout=W.Layout(width="170px"))
+        self.presence = W.FloatText(value=penalties.presence, description="presence", step=0.1,
+                                    layout=W.Layout(width="170px"))
+        self.frequency = W.FloatText(value=penalties.frequency, description="frequency", step=0.1,
+                                     layout=W.Layout(width="170px"))
         self.seed = W.IntText(value=seed, description="seed", layout=W.Layout(width="150px"))
         self.max_new = W.IntText(value=max_new_tokens, description="max new", layout=W.Layout(width="150px"))
         self.attention_on = W.Checkbox(value=False, description="attention", indent=False,
@@ -74,7 +86,8 @@ class Stepper(CourseWidget, W.VBox):
 
         parts = {"prompt": self.prompt, "chat": self.chat, "prefill": self.prefill_button, "step": self.step_button,
                  "play": self.play_button, "reset": self.reset_button, "temperature": self.temperature,
-                 "top-k": self.top_k, "top-p": self.top_p, "seed": self.seed, "max-new": self.max_new,
+                 "top-k": self.top_k, "top-p": self.top_p, "min-p": self.min_p,
+                 "repetition": self.repetition, "presence": self.presence, "frequency": self.frequency, "seed": self.seed, "max-new": self.max_new,
                  "attention-on": self.attention_on, "layer": self.layer, "head": self.head, "status": self.status,
                  "text": self.text, "chart": self.chart, "cache": self.cache, "times": self.times,
                  "attention": self.attention_view}
@@ -85,7 +98,8 @@ class Stepper(CourseWidget, W.VBox):
         self.step_button.on_click(lambda _: self.on_step())
         self.play_button.on_click(lambda _: self.on_play())
         self.reset_button.on_click(lambda _: self.on_reset())
-        for control in (self.temperature, self.top_k, self.top_p):
+        for control in (self.temperature, self.top_k, self.top_p, self.min_p, self.repetition, self.presence,
+                        self.frequency):
             control.observe(lambda _: self.on_sampling_change(), names="value")
         self.seed.observe(lambda _: self.on_seed_change(), names="value")
         self.max_new.observe(lambda _: self.on_max_new_change(), names="value")
@@ -95,7 +109,8 @@ class Stepper(CourseWidget, W.VBox):
         super().__init__([
             self.prompt,
             W.HBox([self.chat, self.prefill_button, self.step_button, self.play_button, self.reset_button]),
-            W.HBox([self.temperature, self.top_k, self.top_p, self.seed, self.max_new]),
+            W.HBox([self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.max_new]),
+            W.HBox([self.repetition, self.presence, self.frequency]),
             W.HBox([self.attention_on, self.layer, self.head]),
             self.error, self.status, self.text,
             W.HBox([self.chart, W.VBox([self.cache, self.times])]),
@@ -109,7 +124,12 @@ class Stepper(CourseWidget, W.VBox):
         top_k = self.top_k.value
         if top_k < 0:
             raise CourseError(f"top-k must be 0 (off) or a whole number >= 1, not {top_k}.")
-        return SamplingSettings(float(self.temperature.value), top_k or None, float(self.top_p.value))
+        return SamplingSettings(float(self.temperature.value), top_k or None, float(self.top_p.value),
+                                float(self.min_p.value))
+
+    def _penalties(self) -> Penalties:
+        """The penalty controls as Penalties; CourseError if one is out of range."""
+        return Penalties(float(self.repetition.value), float(self.presence.value), float(self.frequency.value))
 
     def _attention(self):
         if not self.attention_on.value:
@@ -129,11 +149,11 @@ class Stepper(CourseWidget, W.VBox):
     @guarded
     def on_prefill(self) -> None:
         self._refuse_while_playing()
-        settings, attention = self._settings(), self._attention()
+        settings, penalties, attention = self._settings(), self._penalties(), self._attention()
         max_new = self._max_new()
         with self._lock:  # the session commits the new options only if the prefill succeeds
             self.session.prefill(self.prompt.value, chat=self.chat.value, max_new_tokens=max_new, settings=settings,
-                                 seed=self.seed.value, attention=attention)
+                                 seed=self.seed.value, attention=attention, penalties=penalties)
         self._render()
 
     @guarded
@@ -190,9 +210,10 @@ class Stepper(CourseWidget, W.VBox):
     @guarded
     def on_sampling_change(self) -> None:
         """Draw the current token again from the logits already computed (no model call)."""
-        settings = self._settings()
-        with self._lock:
-            self.session.resample(settings.temperature, settings.top_k, settings.top_p)  # before prefill: just stores them
+        settings, penalties = self._settings(), self._penalties()
+        with self._lock:  # before prefill: just stores them
+            self.session.resample(settings.temperature, settings.top_k, settings.top_p, settings.min_p,
+                                  penalties=penalties)
         if self.session.prefilled:
             self._render()
 

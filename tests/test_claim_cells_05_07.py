@@ -1,0 +1,102 @@
+"""The C8 claim cells of notebooks 05 and 06, run as the notebooks hold them: each holds, and each fails (ClaimFailed)
+when its evidence is broken on purpose (tests/test_claim_cells.py does the same for 02-04)."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_anatomy import load_model
+from llm_anatomy.claims import ClaimFailed, claim, reading
+from llm_anatomy.generate import decode
+from llm_anatomy.generate.chat import chat_prompt_ids
+from llm_anatomy.model.scratch import ScratchLlama
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def cell_source(notebook: str, needle: str, shorter: tuple[str, str] | None = None) -> str:
+    """The source of the one code cell of `notebook` that contains `needle`; `shorter` (old, new) makes fewer tokens,
+    the rest of the cell as it is (the test stays quick)."""
+    cells = json.loads((NOTEBOOKS / notebook).read_text())["cells"]
+    found = [c for c in cells if c["cell_type"] == "code" and needle in "".join(c["source"])]
+    assert len(found) == 1, f"{notebook}: {len(found)} code cells contain {needle!r}"
+    source = "".join(found[0]["source"])
+    if shorter:
+        assert source.count(shorter[0]) == 1, f"{notebook}: {shorter[0]!r} is not in the cell once"
+        source = source.replace(*shorter)
+    return source
+
+
+def run_cells(*sources: str, namespace: dict) -> dict:
+    with torch.no_grad():
+        for source in sources:
+            exec(compile(source, "<claim cell>", "exec"), namespace)
+    return namespace
+
+
+# 05 · C8: the append-and-rerun loop, the cached loop and transformers' generate give the same greedy tokens
+LOOP = ("05_generation.ipynb", "def append_and_rerun", ("prompt_ids, 10)", "prompt_ids, 4)"))
+C8_05 = ("05_generation.ipynb", 'claim("C8"', ("n = 10", "n = 4"))  # 4 greedy tokens, not 10
+
+
+@pytest.fixture(scope="module")
+def course05(real):
+    fp32 = real if real.dtype == torch.float32 else load_model(device="cpu", dtype=torch.float32, verbose=False)
+    ids = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Name a colour."}])  # [1, seq]
+    names = dict(loaded=fp32, tok=fp32.tokenizer, model=ScratchLlama.from_hf(fp32.model), prompt_ids=ids,
+                 load_model=load_model, ScratchLlama=ScratchLlama, claim=claim, torch=torch, print=lambda *a: None)
+    return run_cells(cell_source(*LOOP), namespace=names)  # the plain loop's tokens, made once: new_ids
+
+
+def test_05_c8_holds(course05):
+    namespace = run_cells(cell_source(*C8_05), namespace=dict(course05))
+    assert namespace["plain"] == namespace["cached"]
+
+
+def test_05_c8_fails_when_the_cached_loop_loses_the_first_position(course05, monkeypatch):
+    real_loop = decode.generate_greedy
+    monkeypatch.setattr(decode, "generate_greedy", lambda model, ids, n, **kw: real_loop(model, ids[:, 1:], n, **kw))
+    with pytest.raises(ClaimFailed, match="C8 NOT shown"):
+        run_cells(cell_source(*C8_05), namespace=dict(course05))
+
+
+def test_05_c8_fails_when_the_plain_loop_made_other_tokens(course05):
+    namespace = dict(course05)
+    namespace["new_ids"] = [namespace["new_ids"][1]] + namespace["new_ids"][1:]  # another first token
+    with pytest.raises(ClaimFailed, match="C8 NOT shown"):
+        run_cells(cell_source(*C8_05), namespace=namespace)
+
+
+# 06 · C8's time: on a CPU the cached run must be faster than recomputing (the fed tokens are counted beside it)
+C8_06 = ("06_kv_cache.ipynb", 'claim("C8"')
+
+
+def _timed_runs(cached_s: float, uncached_s: float):
+    tokens = torch.arange(8)[None]  # [1, new tokens]
+
+    def fake_generate_greedy(model, prompt, n, use_cache=True, timed=False):
+        return types.SimpleNamespace(tokens=tokens, step_seconds=[cached_s if use_cache else uncached_s] * n)
+
+    return dict(generate_greedy=fake_generate_greedy, model=None, prompt=torch.zeros(1, 5, dtype=torch.long),
+                NEW_TOKENS=8, loaded=types.SimpleNamespace(dtype=torch.float32), ON_GPU=False, claim=claim,
+                reading=reading, torch=torch, print=lambda *a: None)
+
+
+def test_06_c8_time_holds_when_the_cache_is_faster():
+    assert run_cells(cell_source(*C8_06), namespace=_timed_runs(0.01, 0.05))["speedup"] == pytest.approx(5.0)
+
+
+def test_06_c8_time_fails_when_the_cache_saves_nothing():
+    with pytest.raises(ClaimFailed, match="C8 NOT shown"):
+        run_cells(cell_source(*C8_06), namespace=_timed_runs(0.05, 0.05))
+
+
+def test_06_c8_time_is_only_a_reading_on_a_gpu():
+    namespace = _timed_runs(0.05, 0.01)
+    namespace["ON_GPU"] = True
+    run_cells(cell_source(*C8_06), namespace=namespace)  # no ClaimFailed: the prose reads the sign there
