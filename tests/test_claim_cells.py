@@ -1,5 +1,5 @@
-"""The claim cells of notebooks 02-04, run as the notebook holds them, on the real model: each holds, and each fails
-(ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows the same for a whole notebook run).
+"""The claim cells of notebooks 02-04 (and 06's C9), run as the notebook holds them, on the real model: each holds,
+and each fails (ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows the same for a whole notebook run).
 
 Each claim cell here imports what it uses and reads only a few names the notebook made above it (the model, the
 prompt's ids), so a test can run the cell's own source with those names and a piece of the evidence swapped."""
@@ -107,6 +107,36 @@ def test_03_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(cours
     monkeypatch.setattr(scratch_module, "attention", lambda q, k, v, **kw: real_attention(q, k, v, **{**kw, "causal": False}))
     with pytest.raises(ClaimFailed, match="C9 NOT shown"):
         run_cell(cell_source(*CACHE), **_cache_names(course))
+
+
+# 06 · C9 again where the cache is built: the same whole-model comparison on notebook 06's prompt
+CACHE_06 = ("06_kv_cache.ipynb", "cached_vs_full(model32, prompt, masked=True)")
+
+
+def _cache_06_names(course):
+    return dict(model=course["scratch"], loaded=course["loaded"], ScratchLlama=ScratchLlama,
+                prompt=_ids(course, "The three most useful things about a cache are"))
+
+
+def test_06_whole_model_mask_claim_holds(course):
+    namespace = run_cell(cell_source(*CACHE_06), **_cache_06_names(course))
+    assert max(namespace["on"].per_layer) <= 1e-4 and namespace["off"].per_layer[0] <= 1e-4
+    assert min(namespace["off"].per_layer[1:]) > 1e-3
+
+
+def test_06_whole_model_mask_claim_fails_when_switching_the_mask_off_changes_nothing(course, monkeypatch):
+    monkeypatch.setattr(ablations, "mask_off", lambda model: contextlib.nullcontext([1] * 3 * model.cfg.num_layers))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE_06), **_cache_06_names(course))
+
+
+def test_06_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    real_attention = scratch_module.attention
+    monkeypatch.setattr(scratch_module, "attention", lambda q, k, v, **kw: real_attention(q, k, v, **{**kw, "causal": False}))
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(*CACHE_06), **_cache_06_names(course))
 
 
 # 03 · C5: the heads of one layer look for different relations (per-head statistics, deterministic in fp32)

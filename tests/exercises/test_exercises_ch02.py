@@ -65,6 +65,21 @@ def test_nearest_neighbours():
         sims[torch.arange(len(ids)), ids] = 2.0
         return sims.topk(k, dim=-1, largest=False).indices
 
+    def one_query_at_a_time(table, ids, k):  # the right neighbours, but a loop over the queries
+        unit = table / table.norm(dim=-1, keepdim=True)
+        rows = []
+        for i in ids.tolist():
+            sims = unit @ unit[i]  # [vocab]
+            sims[i] = -2.0
+            rows.append(sims.topk(k).indices)
+        return torch.stack(rows)
+
+    def one_row_at_a_time(table, ids, k):  # the right neighbours, but a loop over the table's rows
+        unit = table / table.norm(dim=-1, keepdim=True)
+        sims = torch.stack([(unit[ids] * row).sum(-1) for row in unit], dim=1)  # [queries, vocab]
+        sims[torch.arange(len(ids)), ids] = -2.0
+        return sims.topk(k, dim=-1).indices
+
     def library(table, ids, k):
         from llm_anatomy.model.embeddings import nearest_neighbours
 
@@ -83,6 +98,8 @@ def test_nearest_neighbours():
     not_yet(ch02.check_nearest_neighbours(lambda t, i, k: solutions.neighbours(t, i, k + 1)), "shape")
     not_yet(ch02.check_nearest_neighbours(lambda t, i, k: (t[i] @ t.T).topk(k).values), "ids")
     not_yet(ch02.check_nearest_neighbours(library), "don't call", "nearest_neighbours")
+    not_yet(ch02.check_nearest_neighbours(one_query_at_a_time), "one matrix product", "a Python loop")
+    not_yet(ch02.check_nearest_neighbours(one_row_at_a_time), "one matrix product", "a Python loop")
     not_yet(ch02.check_nearest_neighbours(via_functional), "don't call", "cosine_similarity")
     not_yet(ch02.check_nearest_neighbours(unattempted), "not attempted")
     not_yet(ch02.check_nearest_neighbours(None), "define a function")

@@ -7,6 +7,7 @@ import torch
 from exercise_helpers import load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch04
+from llm_anatomy.exercises.ch04_block import block_variant, random_block
 from llm_anatomy.model.scratch import ScratchLlama
 
 solutions = load_solutions("ch04")
@@ -152,3 +153,79 @@ def test_swiglu_refuses_the_model_s_mlp():
         return mlp(x)
 
     not_yet(ch04.check_swiglu(ours), "don't call")
+
+
+# Exercise 4.3: one block written out
+def test_the_block_solution_passes_on_random_blocks_and_on_a_real_one(real):
+    assert ch04.check_block(solutions.block_forward).passed
+    verdict = ch04.check_block(solutions.block_forward, ScratchLlama.from_hf(real))
+    assert verdict.passed and "and a real one" in verdict.message, verdict.message
+
+
+def _variant(**change):
+    return lambda block, x, cos, sin: block_variant(block, x, cos, sin, **change)
+
+
+def test_block_mistakes_get_specific_messages():
+    not_yet(ch04.check_block(_variant(post_norm=True)), "post-norm", "x = x + attention(norm(x))")
+    not_yet(ch04.check_block(_variant(residual_on_normed=True)), "not to the normed stream")
+    not_yet(ch04.check_block(_variant(rope_on_v=True)), "q and k only, never v")
+    not_yet(ch04.check_block(_variant(rope_k=False)), "missing on k")
+    not_yet(ch04.check_block(_variant(tiled=True)), "tiling", "h // (heads // kv_heads)")
+    not_yet(ch04.check_block(_variant(causal=False)), "causal mask")
+    not_yet(ch04.check_block(_variant(scale=False)), "sqrt(head_dim)")
+    not_yet(ch04.check_block(_variant(residual=False)), "add each sublayer's output to the stream")
+    not_yet(ch04.check_block(lambda block, x, cos, sin: solutions.block_forward(block, x, cos, sin)[..., :-1]),
+            "shaped like x")
+    not_yet(ch04.check_block(unattempted), "not attempted")
+
+
+def test_a_block_without_the_gqa_expansion_is_told_to_share_the_k_v_heads():
+    def no_expansion(block, x, cos, sin):  # q has 6 heads, k 2: the scores cannot be formed
+        attn, cfg = block.self_attn, block.self_attn.cfg
+        b, s, _ = x.shape
+        h = block.input_layernorm(x)
+        q = attn.q_proj(h).view(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        return q @ k.transpose(-1, -2)
+
+    not_yet(ch04.check_block(no_expansion), "raised RuntimeError", "repeat_kv")
+
+
+def test_block_refuses_the_block_the_attention_module_and_every_attention_function():
+    from llm_anatomy.model.attention import attention, sdpa_attention
+
+    not_yet(ch04.check_block(lambda block, x, cos, sin: block(x, cos, sin)[0]), "don't call", "Block.forward")
+
+    def module(block, x, cos, sin):
+        out, _ = block.self_attn(block.input_layernorm(x), cos, sin)
+        x = x + out
+        return x + block.mlp(block.post_attention_layernorm(x))
+
+    not_yet(ch04.check_block(module), "don't call", "Attention.forward")
+    for function in (attention, sdpa_attention, torch.nn.functional.scaled_dot_product_attention):
+        def through(block, x, cos, sin, function=function):
+            attn, cfg = block.self_attn, block.self_attn.cfg
+            b, s, _ = x.shape
+            h = block.input_layernorm(x)
+            q, k, v = (p(h).view(b, s, -1, cfg.head_dim).transpose(1, 2) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+            group = cfg.num_heads // cfg.num_kv_heads
+            out = function(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+            return x + block.mlp(block.post_attention_layernorm(x))
+
+        not_yet(ch04.check_block(through), "don't call", "write the attention sublayer yourself")
+    net, block = random_block()
+    assert block(torch.zeros(1, 2, 40), *net.rope(torch.arange(2)))[0].shape == (1, 2, 40)  # restored afterwards
+
+
+def test_block_hints_go_from_a_nudge_to_an_outline():
+    from llm_anatomy.exercises import reset_hints
+
+    reset_hints()
+    try:
+        shown = [ch04.hint(ch04.check_block) for _ in range(3)]
+        assert [len(h.shown) for h in shown] == [1, 2, 3]
+        assert "=" not in shown[0].shown[0] and "(" not in shown[0].shown[0]
+    finally:
+        reset_hints()

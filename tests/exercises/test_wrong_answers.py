@@ -490,6 +490,7 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch03.check_grouped_scores, lambda check, a: check(a)),
     (ch04.check_rms_norm, lambda check, a: check(a)), (ch04.check_swiglu, lambda check, a: check(a)),
     (ch04.check_forward, lambda check, a: check(a)), (ch04.check_next_token_loss, lambda check, a: check(a)),
+    (ch04.check_block, lambda check, a: check(a)),
     (ch05.check_next_probs, lambda check, a: check(a)), (ch05.check_top_p, lambda check, a: check(a)),
     (ch05.check_min_p, lambda check, a: check(a)),
     (ch05.check_generate_until_stop, lambda check, a: check(a)),

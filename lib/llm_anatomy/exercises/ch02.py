@@ -2,6 +2,7 @@
 
 Each check runs the learner's function on tables, vectors and positions the notebook never showed, compares it
 with the library (embeddings.one_hot_lookup, embeddings.nearest_neighbours, rope.apply_rope) and names the typical mistake.
+Nearest neighbours must be the whole-table method: the check counts the products and the topk calls torch runs.
 """
 
 from __future__ import annotations
@@ -92,6 +93,40 @@ NEIGHBOUR_MISTAKES = [
 ]
 
 
+_PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.mm,
+             torch.Tensor.mm, torch.mv, torch.Tensor.mv, torch.bmm, torch.Tensor.bmm, torch.einsum, torch.dot,
+             torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.tensordot, torch.nn.functional.linear,
+             torch.nn.functional.cosine_similarity, torch.cosine_similarity}
+_CHOICES = {torch.topk, torch.Tensor.topk, torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort,
+            torch.argmax, torch.Tensor.argmax, torch.kthvalue, torch.Tensor.kthvalue}
+
+
+class _Counted:
+    """Counts the matrix products and the choices (topk, sort, argmax) torch runs inside the block: a Python loop
+    over queries or rows runs one of each per pass, the whole-table method one in all."""
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        counts = self.products, self.choices, self.calls = [0], [0], [0]
+
+        class Counting(TorchFunctionMode):
+            def __torch_function__(self, func, types_, args=(), kwargs=None):
+                counts[0][0] += func in _PRODUCTS
+                counts[1][0] += func in _CHOICES
+                counts[2][0] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Counting()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        self.products, self.choices, self.calls = self.products[0], self.choices[0], self.calls[0]
+        return False
+
+
 @exercise
 @hints("Cosine similarity is a dot product between two vectors of length 1. If every row of the table had length 1, "
        "how could one matrix product compare the queries with every row at once?",
@@ -108,8 +143,14 @@ def check_nearest_neighbours(neighbours) -> str:
                (embeddings, "cosine_similarities"), (embeddings, "nearest_neighbours")]
     for seed, vocab, hidden, k in [(5, 300, 12, 4), (6, 1000, 24, 7)]:
         table, ids = _neighbour_table(seed, vocab, hidden)
-        with forbidden_all(library, "normalise the rows and take one matrix product yourself"):
-            out = returned(call(neighbours, table.clone(), ids.clone(), k), "tensor", "the neighbours' row ids")
+        with forbidden_all(library, "normalise the rows and take one matrix product yourself"), _Counted() as ran:
+            out = call(neighbours, table.clone(), ids.clone(), k)
+        expect(ran.products <= 2 and ran.choices <= 2 and ran.calls <= 60,
+               f"compare all {len(ids)} queries with the whole table at once: one matrix product (the normalised "
+               f"query rows times the normalised table, transposed) and one topk. Your code ran {ran.products} "
+               f"products, {ran.choices} topk/sort/argmax and {ran.calls} torch calls in all: a Python loop over "
+               "the queries or the rows.")
+        out = returned(out, "tensor", "the neighbours' row ids")
         expect(tuple(out.shape) == (len(ids), k), f"return one row of {k} ids per query, shape [{len(ids)}, {k}], not "
                                                   f"{list(out.shape)}.")
         expect(not out.dtype.is_floating_point, "return the neighbours' row ids (topk's indices), not their cosines.")

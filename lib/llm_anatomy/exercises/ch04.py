@@ -1,4 +1,5 @@
-"""Checks for notebook 04 (the forward pass): RMSNorm, the SwiGLU MLP, the loop over the blocks, the next-token loss.
+"""Checks for notebook 04 (the forward pass): RMSNorm, the SwiGLU MLP, the loop over the blocks, the next-token loss
+(the block written out, exercise 4.3, is in ch04_block.py).
 
 RMSNorm and the MLP are checked on inputs the notebook never showed (a float16 one among them, where x * x
 overflows unless the norm is computed in float32), with the library's and transformers' modules refused. The forward loop is checked on a small random model the notebook never showed (and on the real one when given),
@@ -14,6 +15,7 @@ import sys
 
 from ..model.scratch import MLP, Block, RMSNorm, ScratchConfig, ScratchLlama
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from .ch04_block import check_block  # noqa: F401  (exercise 4.3, the block written out, in its own file)
 
 
 def _reference_rms_norm(x, weight, eps):
@@ -171,7 +173,7 @@ def _no_shortcut() -> forbidden_all:
        "attn, _ = block.self_attn(block.input_layernorm(x), cos, sin); x = x + attn; "
        "x = x + block.mlp(block.post_attention_layernorm(x)); return model.lm_head(model.norm(x))")
 def check_forward(forward, model=None, ids=None) -> str:
-    """Exercise 4.3: forward(model, ids) -> logits [batch, seq, vocab], the loop over the blocks written out."""
+    """Exercise 4.4: forward(model, ids) -> logits [batch, seq, vocab], the loop over the blocks written out."""
     expect(callable(forward), "define a function forward(model, ids) that returns the logits.")
     cases = [(small_model(), torch.tensor([[5, 17, 3, 96, 40, 2, 2]]))]
     if model is not None and ids is not None:
@@ -211,7 +213,7 @@ def check_forward(forward, model=None, ids=None) -> str:
        "logp = torch.log_softmax(logits[:, :-1].float(), dim=-1); target = ids[:, 1:]; "
        "return -logp.gather(-1, target[..., None]).mean()")
 def check_next_token_loss(loss_fn) -> str:
-    """Exercise 4.4: next_token_loss(logits, ids) -> the mean cross-entropy of each next token, in nats."""
+    """Exercise 4.5: next_token_loss(logits, ids) -> the mean cross-entropy of each next token, in nats."""
     expect(callable(loss_fn), "define a function next_token_loss(logits, ids) that returns one number.")
     g = torch.Generator().manual_seed(5)
     cross_entropy = torch.nn.functional.cross_entropy
