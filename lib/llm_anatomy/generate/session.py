@@ -8,8 +8,8 @@
 position's logits. Each `step` feeds only the newest token (its K and V are appended to the cache)
 and chooses the next one. The newest token is chosen but not fed yet, so its logits are kept:
 `resample(temperature=..., top_k=..., top_p=..., min_p=..., penalties=...)` draws the current token again from
-the same logits, without running the model. Penalties (penalties.Penalties) act on the logits before the filters,
-counting the prompt and the output for the repetition penalty and the output only for presence and frequency. Generation stops at the end-of-turn token or the length limit.
+the same logits, without running the model. Penalties (penalties.Penalties) act on the logits before the filters.
+Generation stops at the end-of-turn token or the length limit.
 
 Every call returns a `StepResult` (steps.py) with what a view needs (token, candidates, cache size, time).
 A refused call (CourseError) leaves the session exactly as it was.
@@ -238,14 +238,10 @@ class GenerationSession:
 
     def check_attention(self, attention) -> None:
         """Raise CourseError unless `attention` is None or a valid (layer, head) of this model."""
-        if attention is None:
-            return
-        cfg = self.model.cfg
-        ok = (isinstance(attention, (tuple, list)) and len(attention) == 2
-              and all(isinstance(x, int) and not isinstance(x, bool) for x in attention))
-        if not ok or not (0 <= attention[0] < cfg.num_layers and 0 <= attention[1] < cfg.num_heads):
-            raise CourseError(f"attention must be (layer, head) with layer in 0..{cfg.num_layers - 1} "
-                              f"and head in 0..{cfg.num_heads - 1}, not {attention!r}.")
+        if attention is not None and not (isinstance(attention, (tuple, list)) and len(attention) == 2):
+            raise CourseError(f"attention must be (layer, head) or None, not {attention!r}.")
+        if attention is not None:
+            self.model.cfg.check_layer_head(*attention, what="attention's ")
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _call(self, ids: list[int], cache, *, index: int, limit: int, generator=None, settings=None,
@@ -280,17 +276,12 @@ class GenerationSession:
         token, probs = sample_with(scores, settings, generator or self.generator)
         token = int(token)
         candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts)
-        if token in self.stop_ids:
-            finished, reason = True, "eos"
-        elif index + 1 >= limit:
-            finished, reason = True, "length"
-        else:
-            finished, reason = False, None
+        reason = "eos" if token in self.stop_ids else "length" if index + 1 >= limit else None  # None: go on
         return StepResult(index=index, token_id=token, text=self.tokenizer.decode([token]), prob=float(probs[token]),
                           candidates=candidates, fed_tokens=fed, cache_tokens=cache.length,
                           cache_bytes=cache.used_bytes(), cache_capacity_tokens=cache.max_len,
                           cache_capacity_bytes=cache.allocated_bytes(), ms=0.0, settings=settings,
-                          finished=finished, stop_reason=reason, attention=attention)
+                          finished=reason is not None, stop_reason=reason, attention=attention)
 
     def _commit(self, result: StepResult, logits: torch.Tensor) -> None:
         self.generated.append(result.token_id)

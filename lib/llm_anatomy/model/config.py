@@ -51,6 +51,14 @@ class ScratchConfig:
         if self.head_dim % 2:
             raise CourseError(f"head_dim must be even for RoPE (it rotates pairs); this config has {self.head_dim}.")
 
+    def check_layer_head(self, layer, head=None, what: str = "") -> None:
+        """Refuse, in one sentence, a layer (0 .. layers - 1) or a query head (0 .. heads - 1, or None) this model lacks
+        (`what` names the setting they came from, e.g. "attention's ")."""
+        for name, value, count in (("layer", layer, self.num_layers), ("head", head, self.num_heads)):
+            if (value is not None or name == "layer") and (isinstance(value, bool) or not isinstance(value, int)
+                                                           or not 0 <= value < count):
+                raise CourseError(f"{what}{name} must be a whole number from 0 to {count - 1}, not {value!r}.")
+
 
 def attention_layout(config) -> tuple[int, int, int, int]:
     """(layers, heads, kv_heads, head_dim) from a Llama-family config's names, or from any object that has just

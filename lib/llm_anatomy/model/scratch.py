@@ -274,11 +274,7 @@ class ScratchLlama(nn.Module):
         Returns `[batch, heads, seq, seq]`, or `[batch, seq, seq]` for one `head`; each row sums to 1
         (a padding query's row is all zeros). Only the chosen layer's weights are kept.
         """
-        cfg = self.cfg
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cfg.num_layers:
-            raise CourseError(f"layer must be a whole number from 0 to {cfg.num_layers - 1}, not {layer!r}.")
-        if head is not None and (isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < cfg.num_heads):
-            raise CourseError(f"head must be a whole number from 0 to {cfg.num_heads - 1}, not {head!r}.")
+        self.cfg.check_layer_head(layer, head)
         out = self.trace(input_ids, attention_mask=attention_mask, keep_hidden=False, attention_layers=(layer,),
                          logits_to_keep=1)
         weights = out.attentions[layer]  # [batch, heads, seq, seq]
