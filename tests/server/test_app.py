@@ -132,3 +132,33 @@ def test_a_greedy_answer_is_the_courses_own_greedy_decoding(client, model_id, re
     want = greedy_tokens(ScratchLlama.from_hf(real.model), torch.tensor([ids]), 16, real.tokenizer.eos_token_id)
     got = client.completions.create(model=model_id, prompt=prompt, max_tokens=16, temperature=0)
     assert got.choices[0].text == real.tokenizer.decode([t for t in want if t != real.tokenizer.eos_token_id])
+
+
+def test_the_flush_returns_once_the_handlers_woken_by_the_events_have_run():
+    # what the engine thread waits for after a step: the handler that an event woke has sent its chunk
+    import asyncio
+    import threading
+
+    from llm_anatomy.server.app import Server
+
+    loop, sent, ready = asyncio.new_event_loop(), [], threading.Event()
+    events = asyncio.Queue()
+
+    async def handler():
+        ready.set()
+        for _ in range(3):
+            sent.append(await events.get())
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(handler(),), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        flush = Server._flusher(loop)
+        for i in range(3):
+            loop.call_soon_threadsafe(events.put_nowait, i)
+            flush(10.0)
+            assert sent == list(range(i + 1))  # written before the engine's next step would start
+    finally:
+        thread.join(10)
+        loop.close()
+    flush(0.01)  # a closed loop: returns at once, no error

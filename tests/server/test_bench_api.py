@@ -38,3 +38,31 @@ def test_the_summary_is_vllms_figures_from_the_clients_records():
     assert out["goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
     assert ok.tpot_s == pytest.approx(0.15) and ok.e2e_s == pytest.approx(0.5)
     assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 99))
+
+
+def test_the_server_latency_is_split_into_the_handlers_part_and_the_rest():
+    from llm_anatomy.server.client import server_latency
+
+    # client: sent at 0, first text at 0.30 s; engine: received 0.001 s before arrival, first token 0.27 s after it,
+    # its chunk handed to the web server 0.002 s later
+    r = Result(0.0, 200, [0.30, 0.35], 2, "ab", 0.35, name="chatcmpl-a")
+    record = {"arrival_s": 10.0, "received_s": 9.999, "first_token_s": 10.27, "first_sent_s": 10.272, "ttft_s": 0.27}
+    untimed = dict(record, received_s=None)  # an older record, or a whole (not streamed) answer
+    rows = server_latency([r, Result(0.0, 429), Result(0.0, 200, [0.2], 1, "a", 0.2, name="chatcmpl-b")],
+                          {"chatcmpl-a": record, "chatcmpl-b": untimed})
+    assert [row["name"] for row in rows] == ["chatcmpl-a", "chatcmpl-b"]  # the refused request has no record
+    assert rows[0]["own"] == pytest.approx(0.03) and rows[0]["in_handler"] == pytest.approx(0.003)
+    assert rows[0]["outside"] == pytest.approx(0.027) and math.isnan(rows[1]["in_handler"])
+
+
+def test_a_streamed_request_records_when_its_handler_began_and_sent_its_first_text(server, model_id):
+    from llm_anatomy.server.client import run_load, server_latency
+
+    results, _ = run_load(server.url, model_id, [[{"role": "user", "content": "Say hi."}]], requests=2,
+                          max_concurrency=1, max_tokens=3, api_key=KEY)
+    records = {r["name"]: r for r in json.loads(server.get("/debug/requests"))["requests"]}
+    for r in results:
+        e = records[r.name]
+        assert e["received_s"] <= e["arrival_s"] <= e["first_token_s"] <= e["first_sent_s"]
+    rows = server_latency(results, records)
+    assert len(rows) == 2 and all(0 <= row["in_handler"] <= row["own"] for row in rows)

@@ -49,3 +49,39 @@ def test_c25_cancel_holds_and_fails_with_its_evidence():
     for broken in ((0, 3, 3, 1), (0, 0, 0, 1), (0, 3, 0, 0)):  # blocks kept; none held; nothing cancelled
         with pytest.raises(ClaimFailed, match="C25 NOT shown"):
             cancel_claim(*broken)
+
+
+def test_c16_holds_when_only_the_seen_prefix_is_cached_and_fails_otherwise():
+    from llm_anatomy.server.evidence import prefix_claim
+
+    assert "C16 holds" in str(prefix_claim([64, 64, 64], [0, 0, 0]))
+    for shared, fresh in (([64, 0, 64], [0, 0, 0]),  # a request with the seen prompt found nothing cached
+                          ([64, 64, 64], [0, 16, 0]),  # a new prompt reported cached tokens
+                          ([], [0, 0]), ([64], [])):  # no evidence of one kind
+        with pytest.raises(ClaimFailed, match="C16 NOT shown"):
+            prefix_claim(shared, fresh)
+
+
+def test_notebook_11s_prefix_cell_asserts_through_the_claim_function():
+    # the cell's claim is the function above, fed the cached tokens the server reported (not a claim of its own)
+    import nbformat
+
+    from llm_anatomy.paths import repo_root
+
+    notebook = nbformat.read(repo_root() / "notebooks" / "11_behind_the_api.ipynb", 4)
+    cells = [c.source for c in notebook.cells if c.cell_type == "code"]
+    cell = next(c for c in cells if "prompt_tokens_details.cached_tokens" in c)
+    assert "prefix_claim([c for _, c in shared], [c for _, c in fresh])" in cell and 'claim("C16"' not in cell
+
+
+def test_c24_stream_is_the_decode_steps_and_fails_when_chunks_are_merged_lost_or_changed():
+    from llm_anatomy.server.evidence import stream_claim
+
+    steps = ["The", " capital", " of", " France", " is", " Paris", "."]
+    assert "C24 holds" in str(stream_claim(list(steps), steps))
+    for broken in (["The capital"] + steps[2:],  # two steps in one chunk: not streamed as decode makes them
+                   steps[:-1],  # a step lost
+                   steps[:5] + [" Lyon", "."],  # another answer
+                   []):  # nothing streamed
+        with pytest.raises(ClaimFailed, match="C24 NOT shown"):
+            stream_claim(broken, steps)

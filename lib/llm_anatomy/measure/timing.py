@@ -12,6 +12,11 @@ The latencies, each defined once here (seconds):
 - TTFT, time to first token. Of one generation (notebook 07): the prefill call, the whole prompt through the model
   and the logits of its last position (tokenizing, a queue and the network are not included). Of a served request
   (notebooks 08 and 11): from its arrival to its first token, queueing included (`time_to_first_token_s`).
+  Behind an HTTP API (notebook 11) it is read in two places. Engine TTFT: from the request's arrival at the engine
+  (its HTTP request read and checked, its chat template applied) to the wall-clock instant its first token came out
+  of a scheduler step. Client TTFT: from the client's sending the request to the first streamed chunk with text.
+  Client TTFT - engine TTFT is the server's own latency (its HTTP work, the hand-over of the token to the event loop,
+  the loopback network, and the client's own work, which no server can remove).
 - TPOT, time per output token, in two meanings that the course keeps apart by name:
   - `median_decode_step_s`: the median wall time of one decode step (notebook 07's TPOT, what the model costs per
     token; the median, so one stall does not move it);

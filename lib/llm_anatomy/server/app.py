@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hmac
 import random
+import threading
 import time
 import uuid
 
@@ -78,12 +79,27 @@ class Server:
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
+            self.engine.flush = self._flusher(asyncio.get_running_loop())
             if not self.engine.thread.is_alive():
                 self.engine.start()
             yield
+            self.engine.flush = None
             self.engine.stop()
 
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+
+    @staticmethod
+    def _flusher(loop):
+        """flush(timeout_s) for the engine thread: returns once the event loop has run what was already handed to it
+        (the handlers woken by this step's events write their chunks first), or after timeout_s."""
+        def flush(timeout_s: float) -> None:
+            sent = threading.Event()
+            try:  # the events' callbacks wake the handlers; a callback queued behind them runs after the handlers
+                loop.call_soon_threadsafe(loop.call_soon, sent.set)
+            except RuntimeError:  # the event loop has closed
+                return
+            sent.wait(timeout_s)
+        return flush
 
     def _guard(self, handler):
         """The handler behind the API key (when there is one), its refusals answered with the API's error body."""
@@ -127,15 +143,17 @@ class Server:
 
     # ---- the completions ----------------------------------------------------------------------------------------
     async def chat(self, request):
+        received = self.engine.clock()
         req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)), ChatRequest)
         self._check_model(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = chat_prompt_ids(self.engine.tokenizer, messages)[0].tolist()  # the model's own chat template
         top = (req.top_logprobs or 0) if req.logprobs else None
         return await self._serve(request, req, ids, top, "chat",
-                                 req.max_completion_tokens or req.max_tokens)
+                                 req.max_completion_tokens or req.max_tokens, received)
 
     async def completion(self, request):
+        received = self.engine.clock()
         req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)),
                                     CompletionRequest)
         self._check_model(req)
@@ -143,7 +161,7 @@ class Server:
         if max(ids) >= self.engine.model.cfg.vocab_size:
             raise APIError(400, f"Token ids must be below the vocabulary size {self.engine.model.cfg.vocab_size}.",
                            param="prompt")
-        return await self._serve(request, req, list(ids), req.logprobs, "text", req.max_tokens or 16)
+        return await self._serve(request, req, list(ids), req.logprobs, "text", req.max_tokens or 16, received)
 
     def _check_model(self, req) -> None:
         if req.model != self.name:
@@ -167,7 +185,7 @@ class Server:
                                 f"{self.engine.context}).", param="max_tokens", code="context_length_exceeded")
         return max_tokens
 
-    async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens):
+    async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens, received: float):
         max_tokens = self._limits(len(ids), max_tokens)
         top_k = None if req.top_k in (None, 0, -1) else req.top_k
         sampling = SamplingSettings(req.temperature, top_k, req.top_p, req.min_p)
@@ -179,7 +197,8 @@ class Server:
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        live = self.engine.submit(ids, max_tokens, sampling, seed, req.stops(), top_logprobs, put, name=name)
+        live = self.engine.submit(ids, max_tokens, sampling, seed, req.stops(), top_logprobs, put, name=name,
+                                  received_s=received)
         reply = _Reply(name, int(time.time()), self.name, kind, len(ids))
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",
@@ -193,8 +212,12 @@ class Server:
             while True:
                 event = await events.get()
                 if event[0] == "text":
-                    yield schemas.sse(reply.chunk(event[1], logprobs=event[2]))
+                    data = schemas.sse(reply.chunk(event[1], logprobs=event[2]))
+                    if live.first_sent_s is None and event[1]:
+                        live.first_sent_s = self.engine.clock()
+                    yield data
                 elif event[0] == "finish":
+                    event[2]["first_sent_s"] = live.first_sent_s  # the record was made before, on the engine thread
                     yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1],
                                                   usage_=reply.usage(event[2])))
                     break

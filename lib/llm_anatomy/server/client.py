@@ -139,6 +139,25 @@ def run_load(url: str, model: str, prompts: list[list[dict]], *, requests: int =
                                               max_tokens, seed, timeout_s, extra)).result(timeout_s + 30)
 
 
+def server_latency(results: list[Result], records: dict) -> list[dict]:
+    """Where each served request's time between the two TTFTs went, seconds (measure/timing.py defines both):
+    own: client TTFT - engine TTFT, the server's own latency; in_handler: the part the server's handler timed itself
+    (from its start to the request's arrival at the engine: reading, checking, the chat template; and from the first
+    token to its chunk handed to the web server: the hand-over); outside: the rest (the client's own work, the
+    loopback, the web server's HTTP parsing and writing). records: the engine's, by the id the client saw
+    (GET /debug/requests); requests without a record, or streamed without text, are left out."""
+    rows = []
+    for r in results:
+        e = records.get(r.name) if r.ok else None
+        if e is None or e.get("ttft_s") is None:
+            continue
+        own = r.ttft_s - e["ttft_s"]
+        timed = e.get("received_s") is not None and e.get("first_sent_s") is not None
+        inside = (e["arrival_s"] - e["received_s"]) + (e["first_sent_s"] - e["first_token_s"]) if timed else math.nan
+        rows.append({"name": r.name, "own": own, "in_handler": inside, "outside": own - inside})
+    return rows
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) of values, linear between the two nearest (NaN for none)."""
     values = sorted(v for v in values if not math.isnan(v))

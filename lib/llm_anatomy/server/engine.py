@@ -13,10 +13,16 @@ only grows (claim C25). Every token is turned into text as it comes (generate/st
 half character, StopMatcher holds back what could still become a stop string), and a request that meets a stop string
 or the end of its turn, or whose client went away, is cancelled in the scheduler, its blocks free for the next step.
 
-The scheduler's clock is set to the wall clock before every step (seconds since the engine started), so that a
-request's times (arrival, admission, each token) are real times, and its TTFT is measure/timing's: from its arrival at
-the engine to its first token, queueing and prefill included. What the client sees beyond that (HTTP, JSON, the chat
-template, the thread hand-off, the network) is the server's own work.
+The scheduler's clock is set to the wall clock (seconds since the engine started) before every step and again when
+the step's tokens come out, so that a request's times (arrival, admission, each token) are real times, and its
+engine TTFT is measure/timing's: from its arrival at the engine to the instant its first token came out of a step,
+queueing, prefill and the scheduler's own bookkeeping included. What the client sees beyond that (HTTP, JSON, the
+chat template, the hand-over to the event loop, the network, the client's own work) is the server's own latency.
+
+The hand-over: the engine thread and the event loop share one interpreter lock, and a thread that goes straight into
+the next step keeps the event loop from writing the tokens of the last one out (a decode step is thousands of short
+Python calls). So after a step that handed out tokens the engine waits, at most HAND_OVER_S, until the event loop
+has run the handlers that send them (`flush`, set by app.py): the tokens go out now, not a step later.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from ..serve.paged_kv import PagedKVPool
 from ..serve.scheduler import ContinuousScheduler
 from .schemas import APIError
 
+HAND_OVER_S = 0.005  # the longest the engine waits for the event loop to send a step's tokens (seconds)
+
 
 def admission(waiting: int, limit: int | None, seconds_per_admission: float) -> tuple[bool, int]:
     """Queue a new request, or refuse it: (True, 0) to queue it, (False, retry_after_s) for a 429.
@@ -49,6 +57,22 @@ def admission(waiting: int, limit: int | None, seconds_per_admission: float) -> 
     if limit is None or waiting < limit:
         return True, 0
     return False, max(1, math.ceil((waiting - limit + 1) * seconds_per_admission))
+
+
+class WallClockScheduler(ContinuousScheduler):
+    """The course's scheduler on a server's wall clock: a token's time is when it came out of its step.
+
+    clock(): seconds on the engine's clock. The scheduler's own clock advances by its model calls only (notebook 08);
+    here it is also moved on to the wall clock as each token comes out, so the time spent between the calls
+    (admitting, planning the blocks, choosing the tokens) is in the request's times too."""
+
+    def __init__(self, *args, clock, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+
+    def emit(self, request: Request, token: int) -> None:
+        self.now = max(self.now, self.clock())
+        super().emit(request, token)
 
 
 @dataclass(eq=False)
@@ -64,6 +88,8 @@ class Live:
     finish: str | None = None  # "stop", "length", "cancelled", "error"
     admitted: bool = False  # counted out of the waiting requests
     pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
+    received_s: float | None = None  # when its HTTP handler began (engine clock): before reading, checking, template
+    first_sent_s: float | None = None  # when its handler gave the first chunk with text to the web server
 
 
 class EngineLoop:
@@ -81,7 +107,8 @@ class EngineLoop:
                                         or max_waiting < 0):
             raise CourseError(f"max_waiting must be None (no limit) or a whole number >= 0, not {max_waiting!r}.")
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
-        self.scheduler = ContinuousScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache)
+        self.scheduler = WallClockScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
+                                            clock=self.clock)
         self.model, self.tokenizer, self.metrics, self.max_waiting = model, tokenizer, metrics, max_waiting
         self.context = model.cfg.max_position_embeddings
         self.capacity = kv_blocks * block_size  # positions the whole pool holds
@@ -93,6 +120,7 @@ class EngineLoop:
         self._unadmitted = 0  # submitted, not yet admitted (in the inbox or the scheduler's queue)
         self._live: dict[int, Live] = {}  # request id -> Live (engine thread only)
         self._stop = threading.Event()
+        self.flush = None  # flush(timeout_s): returns once the event loop has sent what was handed out (app.py)
         self.t0 = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -118,8 +146,9 @@ class EngineLoop:
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 4 and times[-1] > times[0] else 1.0
 
     def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
-               stops: list[str], top_logprobs: int | None, put, name: str = "") -> Live:
-        """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put()."""
+               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None) -> Live:
+        """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
+        received_s: when its handler began (engine clock), for the record of where the server's time went."""
         request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
                           top_logprobs=top_logprobs)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
@@ -135,7 +164,8 @@ class EngineLoop:
                                headers={"Retry-After": str(retry_after)})
             self._unadmitted += 1
         request.arrival_s = self.clock()
-        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name)
+        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
+                    received_s=received_s)
         self._inbox.put(("submit", live))
         return live
 
@@ -172,16 +202,20 @@ class EngineLoop:
                     for live in list(self._live.values()):
                         live.put(("error", f"the engine failed: {type(err).__name__}: {err}"))
                         self._end(live, "error")
-                self._hand_out()
+                if self._hand_out() and self.flush is not None:
+                    self.flush(HAND_OVER_S)  # let the handlers send this step's tokens before the next step
             self._tidy()
 
-    def _hand_out(self) -> None:
-        """Turn the tokens each request made in this step into text events; end those that are done."""
+    def _hand_out(self) -> int:
+        """Turn the tokens each request made in this step into text events; end those that are done. Returns how
+        many requests got an event."""
+        handed = 0
         for live in list(self._live.values()):
             r = live.request
             if r.admitted_s is not None and not live.admitted:
                 self.admissions.append(r.admitted_s)
                 self._admitted(live)
+            handed += live.sent < len(r.output) or r.done
             for i in range(live.sent, len(r.output)):
                 live.sent = i + 1
                 token = r.output[i]
@@ -203,6 +237,7 @@ class EngineLoop:
             if live.finish is None and r.done:
                 self._emit(live, self._rest(live), last=True)
                 self._end(live, "length")
+        return handed
 
     def _admitted(self, live: Live) -> None:
         live.admitted = True
@@ -241,7 +276,8 @@ class EngineLoop:
                   "first_token_s": r.token_times[0] if r.token_times else None,
                   "ttft_s": r.ttft_s if r.token_times else None, "last_token_s": r.token_times[-1] if r.token_times
                   else None, "prompt_tokens": len(r.prompt), "completion_tokens": live.sent,
-                  "cached_tokens": r.cached, "preempted": r.preempted}
+                  "cached_tokens": r.cached, "preempted": r.preempted, "received_s": live.received_s,
+                  "first_sent_s": live.first_sent_s}  # the handler fills first_sent_s in if it is still to come
         self.records.append(record)
         if self.metrics is not None:
             self.metrics.finished(r, reason)

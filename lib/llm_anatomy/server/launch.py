@@ -48,6 +48,7 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
     """A Server (app.py) on an EngineLoop over the from-scratch model (fp32 on a CPU), warmed up, not yet started."""
     import torch
 
+    from ..generate.chat import chat_prompt_ids
     from ..model.scratch import ScratchLlama
     from ..serve.batching import Request
     from ..weights.load import load_model
@@ -62,6 +63,7 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
                         prefix_cache=prefix_cache, max_waiting=max_waiting, metrics=metrics)
     engine.scheduler.run([Request([1, 2, 3, 4, 5], 3)])  # the first calls pay for allocation: not a client
     engine.scheduler.finished.clear()
+    chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "hello"}])  # so does the chat template's
     return Server(engine, loaded.name, metrics, api_key=api_key, max_body_bytes=max_body_bytes,
                   default_max_tokens=default_max_tokens)
 
