@@ -18,12 +18,17 @@ def plot_roofline(peaks: Peaks, points: list[RooflinePoint], ax=None, title: str
     ax.loglog(x, [roof(peaks, i) / 1e9 for i in x], color="black", lw=2, label="measured roof")
     ax.axvline(peaks.ridge_intensity, color="grey", ls=":", lw=1)
     markers = {"prefill": "o", "decode": "s"}
-    for p in points:
+    placed: list[tuple[float, float]] = []  # (log10 x, log10 y) of the points labelled so far
+    for p in sorted(points, key=lambda p: (p.intensity, p.flops_per_s)):
         kind = next((k for k in markers if p.label.startswith(k)), None)
         ax.loglog(p.intensity, p.flops_per_s / 1e9, markers.get(kind, "^"),
                   color={"prefill": "tab:orange", "decode": "tab:blue"}.get(kind, "tab:green"))
-        ax.annotate(p.label, (p.intensity, p.flops_per_s / 1e9), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        here = (np.log10(p.intensity), np.log10(p.flops_per_s / 1e9))
+        near = sum(abs(here[0] - x) < 0.35 and abs(here[1] - y) < 0.25 for x, y in placed)  # labels it would cover
+        placed.append(here)
+        ax.annotate(p.label, (p.intensity, p.flops_per_s / 1e9), fontsize=7, xytext=(4, 3 - 10 * near),
+                    textcoords="offset points", va="bottom" if not near else "top",
+                    arrowprops=dict(arrowstyle="-", color="grey", lw=0.5) if near else None)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attained GFLOP/s")
     ax.set_title(title or f"Roofline of {peaks.device} ({peaks.dtype})")
