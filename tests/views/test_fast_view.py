@@ -52,3 +52,9 @@ def test_the_rounds_are_coloured_kept_rejected_and_own():
     assert html.count("line-through") == 1  # the one rejected draft (13)
     assert html.count(': draft kept"') == 4 and "bonus" in html and "instead of the rejected draft" in html
     assert html.count("border-left") == 3  # one bar per pass
+
+
+def test_sdpa_is_the_third_line_of_the_memory_plot():
+    ax = plot_peak_memory([256, 512], [10e6, 40e6], [2e6, 3e6], sdpa_bytes=[1e6, 1.5e6])
+    assert len(ax.lines) == 3 and "SDPA" in ax.get_legend_handles_labels()[1][2]
+    plt.close("all")

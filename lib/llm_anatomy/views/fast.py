@@ -60,11 +60,14 @@ def plot_speculation(draft_lengths, acceptance, measured, predicted, axes=None, 
     return axes
 
 
-def plot_peak_memory(lengths, plain_bytes, tiled_bytes, ax=None):
-    """Peak extra memory of one attention call against the prompt length, plain and tiled, log-log."""
+def plot_peak_memory(lengths, plain_bytes, tiled_bytes, ax=None, sdpa_bytes=None):
+    """Peak extra memory of one attention call against the prompt length, plain and tiled (and PyTorch's fused SDPA
+    when given), log-log."""
     ax = _axes(ax)
     ax.loglog(lengths, [b / 1e6 for b in plain_bytes], marker="o", label="plain: the whole score matrix")
     ax.loglog(lengths, [b / 1e6 for b in tiled_bytes], marker="s", label="tiled: one tile of scores at a time")
+    if sdpa_bytes is not None:
+        ax.loglog(lengths, [b / 1e6 for b in sdpa_bytes], marker="^", ls="--", label="SDPA: PyTorch's fused kernel")
     ax.set(xlabel="prompt length (tokens)", ylabel="peak extra memory (MB)", title="Attention memory, one layer")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
