@@ -167,12 +167,47 @@ def test_8_1_the_librarys_allocator_is_refused():
     not_yet(ch08.check_allocator(Wrapper), "don't call", "BlockAllocator")
 
 
-def test_9_1_and_9_2_the_librarys_kernels_are_refused():
-    from llm_anatomy.fast.gguf_blocks import dequantize_q4_1
+def test_9_1_the_librarys_quantizers_are_refused():
+    import gguf
+    import gguf.quants as gq
+
+    from llm_anatomy.fast.quantize import int4_codes
+
+    def through_gguf(w):
+        return gq.quantize(w.reshape(1, 32), gguf.GGMLQuantizationType.Q4_1).reshape(-1)
+
+    def through_the_class(w):  # gguf's Q4_1 class, bound before the check
+        return gq.Q4_1.quantize_blocks(w.reshape(1, 32)).reshape(-1)
+
+    def through_int4_codes(w):
+        codes, scale, minimum = int4_codes(torch.from_numpy(w).reshape(1, 32), 32)
+        c = codes.reshape(-1).numpy().astype(np.uint8)
+        return np.concatenate([np.float16(float(scale)).reshape(1).view(np.uint8),
+                               np.float16(float(minimum)).reshape(1).view(np.uint8), c[:16] | (c[16:] << 4)])
+
+    for answer, name in ((through_gguf, "quantize"), (through_the_class, "Q4_1"), (through_int4_codes, "int4_codes")):
+        not_yet(ch09.check_quantize_q4_1_block(answer), "don't call", name)
+
+
+def test_9_2_the_librarys_int8_and_kl_are_refused():
+    from llm_anatomy.fast.quantize import quantize_int8_per_channel
+    from llm_anatomy.measure.quality import logit_kl
+
+    not_yet(ch09.check_int8_per_channel(quantize_int8_per_channel, solutions[9].kl), "don't call",
+            "quantize_int8_per_channel")
+    not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, logit_kl), "don't call", "logit_kl")
+    kl_div = torch.nn.functional.kl_div
+    not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, lambda a, b: float(kl_div(
+        b.log_softmax(-1), a.log_softmax(-1), log_target=True, reduction="batchmean"))), "don't call", "kl_div")
+
+
+def test_9_3_and_9_4_the_librarys_verify_and_update_are_refused():
+    from llm_anatomy.fast import speculative
     from llm_anatomy.fast.tiled_attention import online_softmax_update
 
-    not_yet(ch09.check_dequantize_q4_1_block(lambda block: dequantize_q4_1(block, (1, 32))[0]), "don't call",
-            "dequantize_q4_1")
+    verify = speculative._verify
+    not_yet(ch09.check_greedy_verify(lambda logits, drafts: verify(logits, drafts, None, speculative.GREEDY, None)),
+            "don't call", "_verify")
     not_yet(ch09.check_online_update(online_softmax_update), "don't call", "online_softmax_update")
 
 
@@ -499,7 +534,9 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch07.check_decode_work, lambda check, a: check(a)), (ch07.check_step_bounds, lambda check, a: check(a)),
     (ch07.check_predict_step, lambda check, a: check(a)),
     (ch08.check_admission, lambda check, a: check(a)), (ch08.check_block_keys, lambda check, a: check(a)),
-    (ch09.check_dequantize_q4_1_block, lambda check, a: check(a)),
+    (ch09.check_quantize_q4_1_block, lambda check, a: check(a)),
+    (ch09.check_int8_per_channel, lambda check, a: check(a, a)),
+    (ch09.check_greedy_verify, lambda check, a: check(a)),
     (ch09.check_online_update, lambda check, a: check(a)),
     (ch09.check_speculative_rule, lambda check, a: check(a, a)),
 ]

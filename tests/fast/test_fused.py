@@ -118,6 +118,17 @@ def test_compile_step_reports_time_and_graph_breaks():
         return torch.ones(3) * int(torch.ones(1).sum())  # int(tensor): a value read back to the host
 
     assert compile_step(syncs, backend="eager")[2] >= 1
+    state = torch.zeros(2)  # a buffer the step mutates in place, as a StaticDecoder's cache and pos
+
+    def bump():
+        state.add_(1)
+
+    compiled, _, breaks = compile_step(bump, backend="eager", static=(state,))
+    compiled()
+    assert breaks == 0 and torch.equal(state, torch.full((2,), 3.0))  # explain, the warm-up call, and this one
+    from llm_anatomy.fast.fused import cudagraph_skips
+
+    assert cudagraph_skips() >= 0  # the counter exists in this PyTorch (no CUDA graphs on a CPU to count)
     dynamo.reset()
 
 

@@ -181,7 +181,8 @@ def test_sampling_speculation_matches_the_models_distribution_end_to_end(tiny):
     marginal = first @ second  # [vocab]
     g = torch.Generator().manual_seed(0)
     draft = LayerSkipDraft(tiny, [1])
-    samples = torch.tensor([speculative_generate(tiny, ids, 2, draft, 1, temperature=t, generator=g).tokens[1]
+    # 3 new tokens: the prefill gives the first, so the round after it drafts one (with 2 it would have no room)
+    samples = torch.tensor([speculative_generate(tiny, ids, 3, draft, 1, temperature=t, generator=g).tokens[1]
                             for _ in range(1500)])
     assert chi_squared_test(samples, marginal).p_value > 1e-3
 

@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from llm_anatomy.views.fast import plot_peak_memory, plot_quantization, plot_speculation, plot_step_times  # noqa: E402
+from llm_anatomy.views.fast import (plot_peak_memory, plot_quantization, plot_speculation, plot_step_times,  # noqa: E402
+                                    speculation_rounds_html)
 
 
 def test_each_picture_labels_its_axes_with_units():
@@ -20,4 +21,40 @@ def test_each_picture_labels_its_axes_with_units():
     assert "tokens" in ax.get_xlabel() and "MB" in ax.get_ylabel() and len(ax.lines) == 2
     ax = plot_step_times(["plain", "fused"], [40.0, 30.0], 25.0)
     assert "milliseconds" in ax.get_ylabel() and len(ax.patches) == 2
+    plt.close("all")
+
+
+def test_a_kl_of_zero_gets_a_label_not_a_made_up_bar():
+    _, right = plot_quantization({"fp32": (540e6, 0.0), "int8": (136e6, 0.004), "int4": (100e6, 0.3)})
+    low, high = right.get_ylim()
+    assert right.get_yscale() == "log" and low < 0.004 and high > 0.3
+    assert right.patches[0].get_height() == 0  # no bar for fp32, whose KL is 0: a label says so
+    assert any("reference" in t.get_text() for t in right.texts)
+    plt.close("all")
+
+
+def test_the_third_prediction_is_drawn_when_given():
+    _, right = plot_speculation([2, 4], [0.8, 0.7], [1.3, 1.5], [1.4, 1.6], from_widths=[1.2, 1.4])
+    assert len(right.lines) == 4  # measured, two predictions, the line at 1x
+    plt.close("all")
+
+
+def test_the_rounds_are_coloured_kept_rejected_and_own():
+    from llm_anatomy.fast.speculative import SpeculativeResult
+
+    # prefill gives 10; round 1 drafts 11 12 13 and keeps 2 (13 rejected, 99 the correction); round 2 no draft (14);
+    # round 3 drafts 15 16, both kept, bonus 17
+    run = SpeculativeResult(tokens=[10, 11, 12, 99, 14, 15, 16, 17], rounds=3, drafts_per_round=[[11, 12, 13], [], [15, 16]],
+                            accepted_per_round=[2, 0, 2], drafted_per_round=[3, 0, 2])
+    html = speculation_rounds_html(run, lambda t: f"t{t}")
+    for token in ("t10", "t11", "t12", "t13", "t99", "t14", "t15", "t16", "t17"):
+        assert f">{token}<" in html
+    assert html.count("line-through") == 1  # the one rejected draft (13)
+    assert html.count(': draft kept"') == 4 and "bonus" in html and "instead of the rejected draft" in html
+    assert html.count("border-left") == 3  # one bar per pass
+
+
+def test_sdpa_is_the_third_line_of_the_memory_plot():
+    ax = plot_peak_memory([256, 512], [10e6, 40e6], [2e6, 3e6], sdpa_bytes=[1e6, 1.5e6])
+    assert len(ax.lines) == 3 and "SDPA" in ax.get_legend_handles_labels()[1][2]
     plt.close("all")

@@ -29,3 +29,19 @@ def test_plot_roofline_is_log_log_with_units():
     plt.close(ax.figure)
 
 
+
+
+def test_labels_of_points_close_together_do_not_overprint():
+    import matplotlib.pyplot as plt
+
+    peaks = Peaks("test", "float32", flops_per_s=100e9, bytes_per_s=10e9, how="")
+    close = [roofline_point(f"decode {name}", Work(2e9, b), 0.05) for name, b in
+             (("plain", 1.0e9), ("fused", 1.02e9), ("packed int8", 0.98e9), ("packed int4", 0.97e9))]
+    ax = plot_roofline(peaks, close)
+    ax.figure.canvas.draw()
+    from matplotlib.text import Text
+
+    boxes = [Text.get_window_extent(t) for t in ax.texts]  # the labels' text alone, not their leader lines
+    assert len(boxes) == 4
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(ax.figure)

@@ -1,4 +1,5 @@
-"""Checks for notebook 09 (making decode fast): a Q4_1 block, the online softmax, the speculative rule."""
+"""Checks for notebook 09 (making decode fast): quantizing a Q4_1 block, int8 per channel and its KL, the greedy
+verify step, the online softmax, the speculative rule."""
 
 from __future__ import annotations
 
@@ -11,58 +12,176 @@ from ..fast import gguf_blocks, tiled_attention
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
-def _q4_1_blocks(n: int, seed: int) -> list[np.ndarray]:
-    """n random Q4_1 blocks of 20 bytes: fp16 d > 0, fp16 m, 16 bytes of codes."""
+def _weight_blocks(n: int, seed: int) -> list[np.ndarray]:
+    """n blocks of 32 fp32 weights the notebook never shows: narrow and wide, centred and shifted, one all negative."""
     rng = np.random.default_rng(seed)
-    blocks = []
-    for _ in range(n):
-        d = np.array([rng.uniform(0.001, 0.05)], dtype=np.float16)
-        m = np.array([rng.uniform(-0.4, 0.1)], dtype=np.float16)
-        codes = rng.integers(0, 256, size=16, dtype=np.uint8)
-        blocks.append(np.concatenate([d.view(np.uint8), m.view(np.uint8), codes]))
-    return blocks
+    blocks = [(rng.standard_normal(32) * rng.uniform(0.005, 0.2) + rng.uniform(-0.1, 0.1)).astype(np.float32)
+              for _ in range(n - 1)]
+    return blocks + [-rng.uniform(0.01, 0.3, 32).astype(np.float32)]
 
 
-def _no_library_dequantize() -> forbidden_all:
+def _no_library_quantizer() -> forbidden_all:
     quants = sys.modules.get("gguf.quants")
-    return forbidden_all([(gguf_blocks, name) for name in ("dequantize_q4_1", "dequantize_gguf", "q4_1_blocks")]
-                         + [(quants, "dequantize")],
-                         "read d, m and the codes yourself: the block layout is the exercise")
+    from ..fast import quantize
+
+    return forbidden_all([(quants, "quantize"), (quants, "Q4_1")]
+                         + [(quantize, name) for name in ("int4_codes", "quantize_int4_groupwise", "fake_quantize")],
+                         "find d, m and the codes yourself: the quantizer is the exercise")
 
 
 @exercise
-@hints("Read the table above the exercise: the first 4 bytes are two fp16 numbers, the other 16 hold two codes each.",
-       "NumPy reads bytes as another type with .view: block[0:2].view(np.float16) is d. A byte's low 4 bits are "
-       "byte & 0x0F, its high 4 bits byte >> 4; the low halves are weights 0..15, the high halves 16..31.",
-       "d, m = fp16 at bytes 0-1 and 2-3; codes = np.concatenate([block[4:] & 0x0F, block[4:] >> 4]); "
-       "return torch.tensor(codes, dtype=torch.float32) * d + m")
-def check_dequantize_q4_1_block(dequantize_block) -> str:
-    """Exercise 9.1: dequantize_block(block) -> the 32 fp32 weights of one 20-byte Q4_1 block."""
-    expect(callable(dequantize_block), "define a function dequantize_block(block) returning 32 weights.")
-    for block in _q4_1_blocks(6, seed=9):  # blocks you have not seen
-        with _no_library_dequantize():
-            got = returned(call(dequantize_block, block.copy()), "tensor", "the block's 32 weights")
-        expect(got.numel() == 32, f"return the block's 32 weights, not {got.numel()} numbers (20 bytes: 2 for d, 2 for "
-                                  "m, 16 of codes holding two weights each).")
-        got = got.reshape(-1).float()
-        want = gguf_blocks.dequantize_q4_1(block, (1, 32))[0]
-        d, m = float(block[:2].view(np.float16)[0]), float(block[2:4].view(np.float16)[0])
-        low, high = block[4:] & 0x0F, block[4:] >> 4
-        interleaved = torch.tensor(np.stack([low, high], axis=1).reshape(-1), dtype=torch.float32) * d + m
-        swapped = torch.tensor(np.concatenate([high, low]), dtype=torch.float32) * d + m
-        no_min = torch.tensor(np.concatenate([low, high]), dtype=torch.float32) * d
-        expect(got.abs().max() < 1e3, "the weights are huge: read d and m as fp16 numbers (np.float16 or "
-                                      "torch.float16 views of 2 bytes each), not as integers.")
-        expect(not torch.allclose(got, no_min), "every weight is off by the same amount: add the minimum m.")
-        expect(not torch.allclose(got, interleaved), "the codes are in the wrong order: byte j holds weight j in "
-                                                     "its low nibble and weight j + 16 in its high nibble, "
-                                                     "not weights 2j and 2j + 1.")
-        expect(not torch.allclose(got, swapped), "low and high nibbles are swapped: weights 0-15 come from the "
-                                                 "low nibbles (byte & 0x0F), weights 16-31 from the high ones (byte >> 4).")
-        expect(torch.allclose(got, want, rtol=0, atol=1e-6),
-               f"expected {[round(x, 4) for x in want[:4].tolist()]}... got {[round(x, 4) for x in got[:4].tolist()]}... "
-               "Hint: weight = d * code + m, in fp32.")
-    return "weight = d * code + m: 20 bytes for 32 weights, 5 bits each, as llama.cpp reads them."
+@hints("A block keeps 16 evenly spaced levels between its smallest and its largest weight; each weight takes the "
+       "nearest level, and the table above says where each part of the 20 bytes goes.",
+       "m = the block's minimum, d = (max - min) / 15, code = round((w - m) / d) in 0..15. Byte j holds code j in its "
+       "low 4 bits and code j + 16 in its high 4 bits; d and m go first, as fp16 (2 bytes each).",
+       "codes = np.clip(np.round((w - m) / d), 0, 15).astype(np.uint8); packed = codes[:16] | (codes[16:] << 4); "
+       "return np.concatenate([np.float16(d).reshape(1).view(np.uint8), np.float16(m).reshape(1).view(np.uint8), "
+       "packed])")
+def check_quantize_q4_1_block(quantize_block) -> str:
+    """Exercise 9.1: quantize_block(weights) -> the 20 bytes of one Q4_1 block, read back by gguf_blocks and gguf."""
+    import gguf.quants
+
+    expect(callable(quantize_block), "define a function quantize_block(weights) returning the block's 20 bytes.")
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    for w in _weight_blocks(6, seed=2409):  # blocks you have not seen
+        with _no_library_quantizer():
+            got = returned(call(quantize_block, w.copy()), "tensor", "the block's 20 bytes")
+        raw = np.asarray(got.detach().cpu().numpy() if hasattr(got, "detach") else got).reshape(-1)
+        expect(raw.size == 20, f"a Q4_1 block is 20 bytes (d and m as fp16, 2 bytes each, then 16 bytes of codes), not "
+                               f"{raw.size}" + (": store d and m as np.float16, not float32." if raw.size == 24 else "."))
+        expect(raw.dtype == np.uint8 or (np.all(raw == np.round(raw)) and raw.min() >= 0 and raw.max() <= 255),
+               "return bytes: a NumPy uint8 array of 20 values from 0 to 255.")
+        raw = raw.astype(np.uint8)
+        back = gguf_blocks.dequantize_q4_1(raw, (1, 32))[0].numpy()  # the library's reader of the file's blocks
+        theirs = gguf.quants.dequantize(raw, q4_1).reshape(-1)  # and the gguf package's
+        expect(np.array_equal(back, theirs), "gguf and the course read your bytes differently: check the layout.")
+        lo, hi = float(w.min()), float(w.max())
+        d32 = (hi - lo) / 15
+        d16, m16 = float(raw[:2].view(np.float16)[0]), float(raw[2:4].view(np.float16)[0])
+        tolerance = d32 / 2 + 15 * abs(d32 - float(np.float16(d32))) + abs(lo - float(np.float16(lo))) + 1e-7
+        error = float(np.abs(back - w).max())
+        if error > tolerance:
+            codes = np.concatenate([raw[4:] & 0x0F, raw[4:] >> 4])
+            interleaved = np.empty(32, dtype=np.uint8)
+            interleaved[0::2], interleaved[1::2] = codes[:16], codes[16:]  # what was meant, if packed as 2j, 2j + 1
+            for meant, words in ((interleaved, "byte j holds code j in its low nibble and code j + 16 in its high "
+                                               "one, not codes 2j and 2j + 1"),
+                                 (np.concatenate([codes[16:], codes[:16]]), "low and high nibbles are swapped: codes "
+                                                                            "0-15 go in the low nibbles, 16-31 in the high ones")):
+                expect(np.abs(d16 * meant.astype(np.float32) + m16 - w).max() > tolerance, words + ".")
+            expect(abs(m16) > 0.5 * abs(lo) or abs(lo) < 1e-3, "every weight is off by the block's minimum: store m = "
+                                                                "min(w) and count the codes up from it, (w - m) / d.")
+            expect(abs(d16 - (hi - lo) / 16) > 0.1 * abs(d32 - (hi - lo) / 16),
+                   "16 levels make 15 steps: d = (max - min) / 15, so that code 15 lands on the largest weight.")
+            floor = np.floor((w - lo) / d32).clip(0, 15)
+            expect(np.mean(codes == floor) < 0.9, "the codes are rounded down: round to the nearest code (floor "
+                                                     "moves a weight by up to a whole step, round by half of one).")
+            expect(False, f"your bytes read back {error:.2e} from the weights at worst; half a step is {d32 / 2:.2e}: "
+                          "m = min, d = (max - min) / 15, code = round((w - m) / d).")
+    return "32 weights in 20 bytes, read back by the course's reader and by gguf within half a step: a Q4_1 block."
+
+
+def _matrices(seed: int):
+    """Weight matrices [out, in] the notebook never shows, some rows far larger than others (as real layers have)."""
+    g = torch.Generator().manual_seed(seed)
+    for out_f, in_f in ((48, 32), (20, 64)):
+        w = torch.randn(out_f, in_f, generator=g) * 0.05
+        w[::7] *= 20  # a few rows with outliers
+        yield w, torch.randn(16, in_f, generator=g) * 3  # and inputs for a layer that makes logits from them
+
+
+@exercise
+@hints("Each output row gets its own scale, chosen so that the row's largest weight lands on the largest code.",
+       "scale = max|w| over the row / 127; code = round(w / scale) in -127..127, stored as int8. For the KL, take "
+       "log-softmax of both logits and sum p_ref * (log p_ref - log p_other) over the vocabulary.",
+       "scale = w.abs().amax(dim=1) / 127; codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8); "
+       "kl: a, b = logits.log_softmax(-1), other.log_softmax(-1); return (a.exp() * (a - b)).sum(-1).mean()")
+def check_int8_per_channel(quantize_int8, kl) -> str:
+    """Exercise 9.2: quantize_int8(w) -> (codes [out, in] int8, scale [out]); kl(ref_logits, other_logits) in nats."""
+    from ..fast import quantize
+    from ..measure import quality
+
+    expect(callable(quantize_int8) and callable(kl), "define quantize_int8(w) and kl(ref_logits, other_logits).")
+    library = [(quantize, "quantize_int8_per_channel"), (quantize, "fake_quantize"), (quality, "logit_kl"),
+               (torch, "quantize_per_channel"), (torch.nn.functional, "kl_div")]
+    for w, x in _matrices(seed=2410):
+        with forbidden_all(library, "scale, round and measure yourself: the quantizer and the KL are the exercise"):
+            codes, scale = (returned(t, "tensor", "codes and scale") for t in
+                            returned(call(quantize_int8, w.clone()), "pair", "(codes, scale)"))
+        expect(codes.shape == w.shape, f"codes have the weights' shape {tuple(w.shape)}, not {tuple(codes.shape)}.")
+        expect(codes.dtype == torch.int8, f"store the codes as int8 (1 byte each), not {codes.dtype}.")
+        expect(scale.numel() != 1, "one scale for the whole matrix is per-tensor: give each output row its own.")
+        expect(scale.numel() == w.shape[0], f"one scale per output row: {w.shape[0]} of them, not {scale.numel()} "
+                                            "(a scale per input column is per-channel on the wrong axis).")
+        scale = scale.reshape(-1).float()
+        want_codes, want_scale = quantize.quantize_int8_per_channel(w)
+        expect(not torch.allclose(scale, w.abs().amax(1) / 128), "127 is the largest code: scale = max|w| / 127 "
+                                                                 "(with 128 the largest weight cannot be stored).")
+        expect(torch.allclose(scale, want_scale, rtol=1e-5), "scale = max|w| over each row / 127.")
+        back = codes.float() * scale[:, None]
+        expect(not torch.equal(codes, torch.floor(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+               or torch.equal(codes, want_codes), "the codes are rounded down: round to the nearest code.")
+        expect(torch.equal(codes, want_codes), f"codes should be round(w / scale); your round trip is "
+                                               f"{(back - w).abs().max():.2e} off at worst.")
+        ref_logits, logits = x @ w.T, x @ back.T  # [16, out]: a layer's outputs read as logits
+        want_kl = quality.logit_kl(ref_logits, logits)
+        with forbidden_all(library, "scale, round and measure yourself: the quantizer and the KL are the exercise"):
+            got_kl = returned(call(kl, ref_logits.clone(), logits.clone()), "number", "the KL in nats")
+        reverse = quality.logit_kl(logits, ref_logits)
+        if abs(got_kl - want_kl) > 1e-4 * max(want_kl, 1e-6) + 1e-9:
+            expect(abs(got_kl - reverse) > 1e-4 * max(reverse, 1e-6) + 1e-9 or abs(want_kl - reverse) < 1e-9,
+                   "that is KL(other || ref): weigh by the reference's probabilities, p_ref * (log p_ref - log p_other).")
+            total = quality.logit_kl(ref_logits, logits) * ref_logits.shape[0]
+            expect(abs(got_kl - total) > 1e-4 * total, "average over the positions (the rows), not their sum.")
+            expect(False, f"KL(ref || other) here is {want_kl:.3e} nats, yours {got_kl:.3e}: use log-softmax of both "
+                          "logits and sum over the vocabulary.")
+        shared = w.abs().max() / 127  # per-tensor: the outlier rows set everyone's step
+        per_tensor_kl = quality.logit_kl(ref_logits, x @ (torch.round(w / shared).clamp(-127, 127) * shared).T)
+    return (f"int8 per channel: one byte a weight, KL {want_kl:.1e} nats on the last held-back layer (one scale for the "
+            f"whole matrix: {per_tensor_kl:.1e}).")
+
+
+def _verify_cases():
+    """(logits [k + 1, vocab], drafts [k]) the notebook never shows: a rejection early, late, none; matches after one."""
+    g = torch.Generator().manual_seed(2411)
+    for k, kept, after in ((4, 2, True), (3, 0, True), (5, 5, False), (1, 1, False), (6, 3, True)):
+        logits = torch.randn(k + 1, 40, generator=g)  # [k + 1, vocab]
+        best = logits.argmax(-1).tolist()
+        drafts = best[:kept] + [(best[kept] + 1) % 40] * (kept < k)  # the first `kept` agree, then one does not
+        drafts += best[len(drafts):k] if after else [(b + 3) % 40 for b in best[len(drafts):k]]  # later ones agree
+        yield logits, drafts[:k], kept
+
+
+@exercise
+@hints("Position i of the pass is what the model would say after the last token and the first i drafts.",
+       "Walk the drafts in order: draft i is kept if it equals the argmax of logits[i]; stop at the first that is "
+       "not. The pass's own token is the argmax at the position where you stopped.",
+       "kept = 0; while kept < len(drafts) and drafts[kept] == int(logits[kept].argmax()): kept += 1; "
+       "return kept, int(logits[kept].argmax())")
+def check_greedy_verify(verify) -> str:
+    """Exercise 9.3: verify(logits [k + 1, vocab], drafts [k]) -> (drafts kept, the token the pass adds)."""
+    from ..fast import speculative
+
+    expect(callable(verify), "define a function verify(logits, drafts) returning (kept, token).")
+    for logits, drafts, kept in _verify_cases():
+        with forbidden_all([(speculative, "_verify"), (speculative, "speculative_generate")],
+                           "compare the drafts with the model's choices yourself: the verify step is the exercise"):
+            got = returned(call(verify, logits.clone(), list(drafts)), "pair", "(kept, token)")
+        n, token = returned(got[0], "whole", "the number of drafts kept"), returned(got[1], "id", "the token")
+        best = logits.argmax(-1).tolist()
+        shifted = next((i for i in range(len(drafts)) if drafts[i] != best[i + 1]), len(drafts))
+        if n != kept:
+            expect(not (n == shifted and shifted != kept), "off by one: logits[i] already predicts the token after "
+                                                           "draft i - 1, so compare draft i with logits[i].argmax().")
+            expect(n != sum(d == b for d, b in zip(drafts, best)), "stop at the first rejected draft: the drafts after "
+                                                                   "it followed a token the model did not choose.")
+            expect(False, f"{kept} of these {len(drafts)} drafts agree with the model before the first that does not; "
+                          f"you kept {n}.")
+        expect(not (token == best[-1] and best[-1] != best[kept]), "the pass's own token comes from the position "
+                                                                   "after the kept drafts, logits[kept], not the last one.")
+        expect(token == best[kept], f"after {kept} kept drafts the pass adds argmax(logits[{kept}]) = {best[kept]}, not "
+                                    f"{token} (a correction after a rejection, a bonus when every draft was kept).")
+    return "the drafts kept up to the first disagreement, and the model's own token after them: exactly plain greedy."
 
 
 @exercise
@@ -72,7 +191,7 @@ def check_dequantize_q4_1_block(dequantize_block) -> str:
        "m_new = torch.maximum(m, scores.amax(-1, keepdim=True)); r = torch.exp(m - m_new); p = torch.exp(scores - "
        "m_new); return m_new, l * r + p.sum(-1, keepdim=True), o * r + p @ v")
 def check_online_update(online_update) -> str:
-    """Exercise 9.2: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
+    """Exercise 9.4: online_update(m, l, o, scores, v) -> the running (max, sum, weighted values) after one block."""
     online_softmax_update = tiled_attention.online_softmax_update
     library = [(tiled_attention, name) for name in ("online_softmax_update", "online_softmax", "tiled_attention")]
     expect(callable(online_update), "define a function online_update(m, l, o, scores, v) returning (m, l, o).")
@@ -124,7 +243,7 @@ def _pairs():
        "acceptance_probability: return min(1.0, float(p[x] / q[x])); residual: r = (p - q).clamp(min=0); "
        "return r / r.sum()")
 def check_speculative_rule(acceptance_probability, residual) -> str:
-    """Exercise 9.3: acceptance_probability(p, q, x) and residual(p, q): together, the output is distributed as p."""
+    """Exercise 9.5: acceptance_probability(p, q, x) and residual(p, q): together, the output is distributed as p."""
     expect(callable(acceptance_probability) and callable(residual),
            "define acceptance_probability(p, q, x) and residual(p, q).")
     for p, q in _pairs():

@@ -134,17 +134,30 @@ def matmuls_per_layer(model: ScratchLlama) -> int:
     return sum(isinstance(m, (nn.Linear, Projection)) for m in block.modules())
 
 
-def compile_step(fn, device: torch.device | str = "cpu", *, mode: str | None = None, backend: str = "inductor"):
+def compile_step(fn, device: torch.device | str = "cpu", *, mode: str | None = None, backend: str = "inductor",
+                 static=()):
     """`torch.compile(fn)` run once: (compiled function, seconds its first call took, graph breaks found).
 
     The first call traces the Python code into graphs and generates kernels (minutes for a whole model on a
     small CPU); a graph break is where tracing had to stop, for example at `int(tensor)`, which reads a value
     back to the host. mode="reduce-overhead" also replays CUDA graphs on a GPU; backend="eager" only traces
-    (no code generation, no C++ compiler needed).
+    (no code generation, no C++ compiler needed). static: tensors the step mutates in place and keeps between calls
+    (a StaticDecoder's KV cache, `pos` and `token`): marked as static addresses, so that CUDA graph trees record
+    them instead of skipping the graph (see cudagraph_skips).
     """
     import torch._dynamo as dynamo
 
+    for t in static:
+        dynamo.mark_static_address(t)
     explained = dynamo.explain(fn)()
     compiled = torch.compile(fn, mode=mode, backend=backend)
     seconds, _ = timed(compiled, device)
     return compiled, seconds, explained.graph_break_count
+
+
+def cudagraph_skips() -> int:
+    """How many times torch.compile's inductor has so far decided to run a graph without CUDA graphs (a counter
+    that only grows: compare it before and after a compile to see whether the graphs were used)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])

@@ -146,6 +146,7 @@ class SpeculativeResult:
     rejections: int = 0  # rounds that stopped at a rejected draft
     accepted_per_round: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)  # the width of each verify pass is 1 + this
+    drafts_per_round: list[list[int]] = field(default_factory=list)  # the drafted tokens themselves, kept or not
     rounds_without_draft: int = 0  # rounds with room for drafts in which the draft proposed none (no match)
     prefill_s: float = 0.0  # wall time of the prefill and the first token, seconds
     seconds: float = 0.0  # wall time of the whole generation, prefill included
@@ -218,6 +219,7 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         result.rounds_without_draft += room > 0 and not drafts
         result.accepted_per_round.append(kept)
         result.drafted_per_round.append(len(drafts))
+        result.drafts_per_round.append(list(drafts))
         result.tokens += drafts[:kept] + [token]
     if eos_token_id in result.tokens:
         result.tokens = result.tokens[:result.tokens.index(eos_token_id) + 1]

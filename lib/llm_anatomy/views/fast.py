@@ -24,15 +24,24 @@ def plot_quantization(rows: dict[str, tuple[float, float]], axes=None):
     left, right = axes
     left.bar(names, [rows[n][0] / 1e6 for n in names], color="tab:blue")
     left.set(ylabel="weights read per token (MB)", title="Bytes per decoded token")
-    right.bar(names, [max(rows[n][1], 1e-6) for n in names], color="tab:red")
-    right.set(yscale="log", ylabel="KL(fp32 || format), nats (log scale)", title="Quality lost")
+    positive = [rows[n][1] for n in names if rows[n][1] > 0]
+    floor = min(positive) / 10 if positive else 1e-6  # the log axis' bottom; a KL of 0 gets no bar, only a label
+    right.bar(names, [rows[n][1] if rows[n][1] > 0 else 0 for n in names], color="tab:red", bottom=0)
+    right.set(yscale="log", ylim=(floor, max(positive, default=1.0) * 3),
+              ylabel="KL(fp32 || format), nats (log scale)", title="Quality lost")
+    for i, n in enumerate(names):
+        if rows[n][1] <= 0:  # log(0) has no place on the axis: say it instead of drawing a made-up bar
+            right.annotate("0\n(the reference)", (i, floor), xytext=(0, 4), textcoords="offset points", ha="center",
+                           va="bottom", fontsize=8)
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     return axes
 
 
-def plot_speculation(draft_lengths, acceptance, measured, predicted, axes=None, label: str = "prompt lookup"):
-    """Acceptance rate, and measured against predicted speedup, both against the draft length k."""
+def plot_speculation(draft_lengths, acceptance, measured, predicted, axes=None, label: str = "prompt lookup",
+                     from_widths=None):
+    """Acceptance rate, and measured against predicted speedup, both against the draft length k; `from_widths`, the
+    speedups predicted from each run's own rounds (each pass priced at its real width), as a third line."""
     import matplotlib.pyplot as plt
 
     if axes is None:
@@ -43,17 +52,22 @@ def plot_speculation(draft_lengths, acceptance, measured, predicted, axes=None, 
              title="How many drafts the model keeps")
     right.plot(draft_lengths, measured, marker="o", label="measured")
     right.plot(draft_lengths, predicted, marker="s", ls="--", label="predicted from the acceptance rate")
+    if from_widths is not None:
+        right.plot(draft_lengths, from_widths, marker="^", ls="-.", label="predicted from the rounds' own widths")
     right.axhline(1.0, color="grey", lw=1, ls=":")
     right.set(xlabel="draft length k (tokens)", ylabel="speedup over plain decoding (x)", title="Speedup")
     right.legend(fontsize=8)
     return axes
 
 
-def plot_peak_memory(lengths, plain_bytes, tiled_bytes, ax=None):
-    """Peak extra memory of one attention call against the prompt length, plain and tiled, log-log."""
+def plot_peak_memory(lengths, plain_bytes, tiled_bytes, ax=None, sdpa_bytes=None):
+    """Peak extra memory of one attention call against the prompt length, plain and tiled (and PyTorch's fused SDPA
+    when given), log-log."""
     ax = _axes(ax)
     ax.loglog(lengths, [b / 1e6 for b in plain_bytes], marker="o", label="plain: the whole score matrix")
     ax.loglog(lengths, [b / 1e6 for b in tiled_bytes], marker="s", label="tiled: one tile of scores at a time")
+    if sdpa_bytes is not None:
+        ax.loglog(lengths, [b / 1e6 for b in sdpa_bytes], marker="^", ls="--", label="SDPA: PyTorch's fused kernel")
     ax.set(xlabel="prompt length (tokens)", ylabel="peak extra memory (MB)", title="Attention memory, one layer")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -72,3 +86,45 @@ def plot_step_times(names, ms_per_token, floor_ms: float, ax=None):
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
     return ax
+
+
+ROUND_COLOURS = {"kept": "#c8e6c9", "rejected": "#ffcdd2", "own": "#bbdefb", "first": "#eeeeee"}
+
+
+def speculation_rounds_html(result, label, max_rounds: int | None = None) -> str:
+    """The rounds of a speculative generation over its text, as HTML: drafts the model kept (green), the draft it
+    rejected (red, struck through; the drafts after it were never looked at, grey), and the token each pass adds
+    of its own (blue: the correction after a rejection, or the bonus token when every draft was kept).
+
+    result: a fast.speculative.SpeculativeResult; label: token id -> readable text (views.labels).
+    """
+    import html
+
+    def chip(token, kind, title):
+        style = f"background:{ROUND_COLOURS.get(kind, '#fff')};padding:0 2px;margin:0 1px;border-radius:3px"
+        if kind in ("rejected", "unread"):
+            style += ";text-decoration:line-through;color:" + ("#b71c1c" if kind == "rejected" else "#9e9e9e")
+        return f'<span title="{html.escape(title)}" style="{style}">{html.escape(label(token))}</span>'
+
+    parts = [chip(result.tokens[0], "first", "the prefill's token")]
+    done = 1
+    for i, (drafts, kept) in enumerate(zip(result.drafts_per_round, result.accepted_per_round)):
+        if max_rounds is not None and i >= max_rounds:
+            parts.append(" &hellip;")
+            break
+        chips = [chip(t, "kept", f"round {i + 1}: draft kept") for t in drafts[:kept]]
+        if kept < len(drafts):
+            chips.append(chip(drafts[kept], "rejected", f"round {i + 1}: draft rejected"))
+            chips += [chip(t, "unread", f"round {i + 1}: after a rejection, not checked") for t in drafts[kept + 1:]]
+        done += kept + 1
+        if done - 1 < len(result.tokens):  # the round's own token (the run may have been cut at a stop token)
+            own = "bonus: every draft kept" if kept == len(drafts) and drafts else (
+                "the model's own token" + (" (no draft)" if not drafts else ", instead of the rejected draft"))
+            chips.append(chip(result.tokens[done - 1], "own", f"round {i + 1}: {own}"))
+        parts.append('<span style="border-left:2px solid #555;padding-left:2px;margin-left:2px">' + "".join(chips)
+                     + "</span>")
+    legend = " ".join(f'<span style="background:{c};padding:0 4px;border-radius:3px">{name}</span>' for name, c in
+                      [("kept draft", ROUND_COLOURS["kept"]), ("rejected draft", ROUND_COLOURS["rejected"]),
+                       ("the model's own token (bonus or correction)", ROUND_COLOURS["own"])])
+    return (f'<div style="font-family:monospace;line-height:1.9">{"".join(parts)}</div>'
+            f'<div style="font-size:85%">{legend}; a bar starts each pass of the model</div>')

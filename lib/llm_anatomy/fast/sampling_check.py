@@ -1,0 +1,81 @@
+"""Claim C18's end-to-end evidence: the tokens that speculative *sampling* gives follow the model's own distribution.
+
+Notebook 09 tests the accept-or-resample rule at one position (fast/speculative.accept_or_resample). This checks the
+whole loop, `speculative_generate`, where drafting, verifying, rolling back and the bonus token all take part: the
+second generated token, over many runs, must follow the model's own marginal
+
+    P(second = y) = sum over x of p(x | prompt) * p(y | prompt, x),
+
+computed exactly by running the model once over the prompt followed by every possible first token (so only for a
+small vocabulary: a tiny random model). The negative control is what a loop that kept every draft would give, the
+first token from the model and the second from the draft: the samples must follow the model's marginal and not that
+one, which shows that the test can tell the two apart at this number of draws. Probabilities [vocab] on the CPU; p-values from measure/stats.py's chi-squared test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import CourseError
+from ..measure.stats import ChiSquared, chi_squared_test
+from .speculative import speculative_generate
+
+
+@torch.inference_mode()
+def second_token_marginal(model, prompt_ids: torch.Tensor, temperature: float, second_model=None) -> torch.Tensor:
+    """The exact distribution [vocab] of the second token sampled at `temperature` after prompt_ids [1, seq]:
+    sum over x of p(x | prompt) * p'(y | prompt, x), with p from `model` and p' from `second_model` (default: the
+    same model; the draft's gives what a loop that kept every draft would sample)."""
+    vocab = model.cfg.vocab_size
+    if vocab > 4096:
+        raise CourseError(f"The exact marginal runs the model over every first token: {vocab:,} of them is too many "
+                          "here; use a small model (weights.random.random_llama).")
+    first = torch.softmax(model(prompt_ids)[0, -1].float() / temperature, dim=-1)  # [vocab]
+    every = torch.arange(vocab, device=prompt_ids.device)[:, None]  # [vocab, 1]: each possible first token
+    both = torch.cat([prompt_ids.expand(vocab, -1), every], dim=1)  # [vocab, seq + 1]
+    second = torch.softmax((second_model or model)(both)[:, -1].float() / temperature, dim=-1)  # [vocab, vocab]
+    return (first @ second).cpu()  # second[x, y] = p'(y | prompt, x)
+
+
+@dataclass
+class EndToEnd:
+    """What end_to_end_sampling found: tests of the samples against the model's marginal and the keep-every-draft one."""
+
+    draws: int
+    against_model: ChiSquared
+    against_draft: ChiSquared
+    acceptance: float  # the share of drafted tokens kept, over all runs
+
+    @property
+    def holds(self) -> bool:
+        """The samples pass against the model (p > 0.001) and fail against the draft (p < 0.001)."""
+        return self.against_model.p_value > 1e-3 and self.against_draft.p_value < 1e-3
+
+    def evidence(self) -> str:
+        return (f"the second token of {self.draws} speculative samples against the model's exact marginal: p-value "
+                f"{self.against_model.p_value:.2f}; against what keeping every draft would give: "
+                f"{self.against_draft.p_value:.0e} (the test tells them apart); {self.acceptance:.0%} of the drafts kept")
+
+
+def end_to_end_sampling(model, prompt_ids: torch.Tensor, draft, draws: int = 400, k: int = 2,
+                        temperature: float = 1.5, seed: int = 0) -> EndToEnd:
+    """Run speculative_generate `draws` times and test the second token (the first draft, kept or resampled) against
+    both marginals.
+
+    draft: a LayerSkipDraft (its `.model` gives the draft's own marginal).
+    """
+    if draws < 50:
+        raise CourseError(f"A chi-squared test needs many draws: at least 50, not {draws}.")
+    g = torch.Generator(device=prompt_ids.device).manual_seed(seed)
+    seconds, kept, drafted = [], 0, 0
+    for _ in range(draws):
+        # k + 2 new tokens: the prefill gives the first, so the round after it has room for all k drafts (with 2, none)
+        run = speculative_generate(model, prompt_ids, k + 2, draft, k, temperature=temperature, generator=g)
+        seconds.append(run.tokens[1])
+        kept, drafted = kept + run.accepted, drafted + run.drafted
+    samples = torch.tensor(seconds)  # [draws]
+    return EndToEnd(draws, chi_squared_test(samples, second_token_marginal(model, prompt_ids, temperature)),
+                    chi_squared_test(samples, second_token_marginal(model, prompt_ids, temperature, draft.model)),
+                    kept / drafted if drafted else 0.0)
