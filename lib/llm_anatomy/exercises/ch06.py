@@ -68,7 +68,7 @@ def check_kv_cache_bytes(kv_cache_bytes) -> str:
             if got == want:
                 continue
             where = f"for {what}, {context:,} tokens, {size}-byte numbers"
-            L, heads = config["num_hidden_layers"], config["num_attention_heads"]
+            L = config["num_hidden_layers"]
             as_heads = dict(config, kv_lora_rank=None)
             mistakes = [(want // 2 if config.get("kv_lora_rank") is None else None,
                          "you stored only the keys: K AND V are kept, a factor 2."),
