@@ -89,6 +89,19 @@ def test_generation_stepper(notebook_page, reference_tokenizer):
     assert text.inner_text() == kept
     _set_number(root.locator(".la-stepper-top-k"), 50)
 
+    # min-p and the penalties, the same way: a refused value in the widget's error line, the text untouched;
+    # a good value clears the line
+    _set_number(root.locator(".la-stepper-min-p"), 1.5)
+    expect(error).to_contain_text("min_p must be in [0, 1]", timeout=60_000)
+    assert text.inner_text() == kept
+    _set_number(root.locator(".la-stepper-min-p"), 0.1)
+    expect(error).to_have_text(re.compile(r"^\s*$"), timeout=60_000)
+    _set_number(root.locator(".la-stepper-repetition"), 0)
+    expect(error).to_contain_text("repetition_penalty must be a finite number > 0", timeout=60_000)
+    assert text.inner_text() == kept
+    _set_number(root.locator(".la-stepper-repetition"), 1)
+    expect(error).to_have_text(re.compile(r"^\s*$"), timeout=60_000)
+
     # Reset clears the text and the cache gauge.
     root.locator(".la-stepper-reset").click()
     expect(status).to_contain_text("press Prefill", timeout=60_000)
