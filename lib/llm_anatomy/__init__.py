@@ -10,7 +10,8 @@
     measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with:
                 exactness stats quality                 the checks against transformers, chi-squared, quality losses
     serve/      batching paged_kv prefix_cache ...   08 Serving many users (scheduler metrics cost load)
-    fast/       gguf_blocks quantize packed ...      09 Making decode fast (speculative tiled_attention fused)
+    fast/       gguf_blocks quantize packed ...      09 Making decode fast (speculative sampling_check tiled_attention
+                                                        fused)
     distributed/ tensor_parallel pipeline ...    10 Beyond one device (collectives launch runs)
     server/     app engine schemas metrics ...     11 Behind the API (launch client evidence)
     views/      HTML and matplotlib pictures of every stage (no ipywidgets)
