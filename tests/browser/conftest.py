@@ -367,6 +367,23 @@ class LabPage:
         self.notebook = notebook
         self.wait_kernel_ready(KERNEL_START_MS)
 
+    def open_widget(self, notebook: str, marker: str) -> float:
+        """Open and Run All a slice of notebooks/<notebook>: its one cell containing `marker` (the widget's) and
+        the statements above that it needs (tests/browser/slicing.py); return the seconds Run All took.
+
+        nbval runs every notebook whole; this runs only what the widget reads, so no notebook runs twice."""
+        from slicing import write_widget_slice
+
+        source = self.lab.root / notebook
+        if not source.exists():
+            _missing(f"notebooks/{notebook} does not exist (yet)")
+        sliced = source.with_name(f"{source.stem}.widget.ipynb")
+        kept = write_widget_slice(source, marker, sliced)
+        self.open(sliced.name)
+        seconds = self.run_all()
+        print(f"{notebook}'s widget slice (statements kept per cell: {kept}) ran in the browser in {seconds:.0f} s")
+        return seconds
+
     def dismiss_dialogs(self) -> None:
         """Answer JupyterLab's dialogs (kernel choice: keep the default) and close any toast."""
         for _ in range(5):

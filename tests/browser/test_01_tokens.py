@@ -20,8 +20,7 @@ def test_tokenizer_playground(notebook_page, reference_tokenizer):
     from playwright.sync_api import expect
 
     ui = notebook_page
-    ui.open("01_tokens.ipynb")
-    print(f"notebook 01 ran in the browser in {ui.run_all():.0f} s")
+    ui.open_widget("01_tokens.ipynb", "TokenizerPlayground(")
 
     root = ui.widget("la-playground")
     summary = root.locator(".la-playground-summary")

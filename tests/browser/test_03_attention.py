@@ -17,8 +17,7 @@ def test_attention_explorer(notebook_page, reference_tokenizer):
     from playwright.sync_api import expect
 
     ui = notebook_page
-    ui.open("03_attention.ipynb")
-    print(f"notebook 03 ran in the browser in {ui.run_all():.0f} s")
+    ui.open_widget("03_attention.ipynb", "AttentionExplorer(")
 
     root = ui.widget("la-attention")
     caption = root.locator(".la-attention-caption")

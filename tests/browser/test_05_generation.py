@@ -31,8 +31,7 @@ def test_generation_stepper(notebook_page, reference_tokenizer):
     from playwright.sync_api import expect
 
     ui = notebook_page
-    ui.open("05_generation.ipynb")
-    print(f"notebook 05 ran in the browser in {ui.run_all():.0f} s")
+    ui.open_widget("05_generation.ipynb", "Stepper(loaded")
 
     root = ui.widget("la-stepper")
     status, text = root.locator(".la-stepper-status"), root.locator(".la-stepper-text")

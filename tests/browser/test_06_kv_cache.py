@@ -29,8 +29,7 @@ def test_kv_calculator(notebook_page):
     from playwright.sync_api import expect
 
     ui = notebook_page
-    ui.open("06_kv_cache.ipynb")
-    print(f"notebook 06 ran in the browser in {ui.run_all():.0f} s")
+    ui.open_widget("06_kv_cache.ipynb", "KVCalculator(")
 
     root = ui.widget("la-kvcalc")
     result = root.locator(".la-kvcalc-result")

@@ -28,8 +28,7 @@ def test_serving_stepper(notebook_page):
     from playwright.sync_api import expect
 
     ui = notebook_page
-    ui.open("08_serving.ipynb")
-    print(f"notebook 08 ran in the browser in {ui.run_all():.0f} s")
+    ui.open_widget("08_serving.ipynb", "SchedulerWidget(")
 
     root = ui.widget("la-serving")
     view, error = root.locator(".la-serving-view"), root.locator(".la-serving-error")
