@@ -1,7 +1,7 @@
 """LLM Anatomy: the library that the course notebooks import. Its folders are the course's stages, in order:
 
     ground      errors device paths claims texts     what every stage stands on (texts: every text the course reads)
-    weights/    cache load random                    the model's files: fetched, checked, converted, loaded
+    weights/    cache parse_once load random         the model's files: fetched, checked, converted, loaded
     tokens/     pretokenize bpe_train bpe_hf bpe     01 Tokens
     model/      embeddings rope attention explore    02 Embeddings and positions, 03 Attention (explore: the explorer's data)
                 config scratch ablations logit_lens  04 The forward pass (config: the one reader of model configs)

