@@ -16,7 +16,7 @@ import torch
 from ..errors import CourseError
 from ..model.attention import kv_head_of
 from ..model.explore import HeadAttention
-from .labels import token_labels
+from .labels import glyph_legend, token_labels
 
 MAX_TOKENS = 64  # longer prompts are cut: a 64 x 64 heatmap is still readable
 
@@ -53,7 +53,8 @@ def draw_attention(weights: torch.Tensor, tokens: list[str], ax=None, title: str
     small = max(5, 10 - n // 8)
     ax.set_xticks(ticks, tokens, rotation=90, fontsize=small)
     ax.set_yticks(ticks, tokens, fontsize=small)
-    ax.set_xlabel("key (token looked at)")
+    legend = glyph_legend(tokens)  # how to read the marks in the token labels, when there are any
+    ax.set_xlabel("key (token looked at)" + (f"\n{legend}" if legend else ""))
     ax.set_ylabel("query (token looking)")
     if title:
         ax.set_title(title, fontsize=10)
