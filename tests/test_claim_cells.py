@@ -259,3 +259,123 @@ def test_03_induction_head_copies_whatever_followed_last_time(course):
     # what makes it an induction head: after a different context, the second " cat" still looks at " sat"
     namespace = run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat. A dog ran, cat"))
     assert namespace["text_names"][namespace["after_first"]] == "·sat"
+
+
+# 02 · C2: one-hot times the table is the lookup, and so are the library's one_hot_lookup and the model's layer
+LOOKUP = ("02_embeddings_and_positions.ipynb", 'claim("C2"')
+
+
+def _lookup_names(course):
+    from llm_anatomy.model.embeddings import embedding_table
+
+    table = embedding_table(course["loaded"])
+    return dict(table=table, ids=course["tok"].encode("The cat sat", add_special_tokens=False), model=course["model"])
+
+
+def test_02_lookup_claim_holds(course):
+    namespace = run_cell(cell_source(*LOOKUP), **_lookup_names(course))
+    assert torch.equal(namespace["by_index"], namespace["layer"])
+
+
+def test_02_lookup_claim_fails_when_the_library_or_the_layer_reads_another_row(course, monkeypatch):
+    from types import SimpleNamespace
+
+    from llm_anatomy.model import embeddings
+
+    names = _lookup_names(course)
+    table = names["table"]
+    shifted = SimpleNamespace(model=SimpleNamespace(embed_tokens=lambda ids: table[(ids + 1) % table.shape[0]]))
+    with pytest.raises(ClaimFailed, match="C2 NOT shown"):  # a layer that reads the next row
+        run_cell(cell_source(*LOOKUP), **{**names, "model": shifted})
+    monkeypatch.setattr(embeddings, "one_hot_lookup", lambda ids, t: t[ids] * 1.001)  # not the row itself
+    with pytest.raises(ClaimFailed, match="C2 NOT shown"):
+        run_cell(cell_source(*LOOKUP), **names)
+
+
+# 02 · C3: RoPE by hand, the library's and transformers' agree; only the offset sets the score
+ROPE = ("02_embeddings_and_positions.ipynb", "library_vs_theirs = (library - theirs)")
+OFFSET = ("02_embeddings_and_positions.ipynb", "offset3 = [score(m + 3, m)")
+
+
+def _rope_names(course, apply=None):
+    from llm_anatomy.model import rope
+
+    cfg = course["loaded"].config
+    names = dict(model=course["model"], loaded=course["loaded"], head_dim=cfg.head_dim,
+                 theta=cfg.rope_parameters["rope_theta"], rope_cos_sin=rope.rope_cos_sin,
+                 apply_rope=apply or rope.apply_rope, freqs=rope.rope_frequencies(cfg.head_dim,
+                                                                                  cfg.rope_parameters["rope_theta"]))
+    exec(compile(cell_source("02_embeddings_and_positions.ipynb", "def rope_by_hand"), "<cell>", "exec"),
+         {"torch": torch, "print": lambda *a, **k: None, **names}, names)  # the notebook's own x, pos and mine
+    return names
+
+
+def test_02_rope_claim_holds(course):
+    namespace = run_cell(cell_source(*ROPE), **_rope_names(course))
+    assert namespace["library_vs_theirs"] <= 1e-5
+
+
+def test_02_rope_claim_fails_when_the_library_turns_the_other_way(course):
+    from llm_anatomy.model import rope
+
+    backwards = lambda x, cos, sin: rope.apply_rope(x, cos, -sin)  # noqa: E731: every pair turned by -angle
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*ROPE), **_rope_names(course, backwards))
+
+
+def test_02_offset_claim_holds_and_fails_for_absolute_positions_or_no_rotation(course):
+    from llm_anatomy.model import rope
+
+    run_cell(cell_source(*OFFSET), **_rope_names(course))
+    absolute = lambda x, cos, sin: rope.apply_rope(x, cos, sin) + cos  # noqa: E731: a position added, not turned
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*OFFSET), **_rope_names(course, absolute))
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):  # no rotation: every offset gives the same score
+        run_cell(cell_source(*OFFSET), **_rope_names(course, lambda x, cos, sin: x))
+
+
+# 03 · C4, C9 (layer 0) and C5 (the grouping): the notebook's own cells, from the hook on layer 0 to the claims
+NB03 = "03_attention.ipynb"
+LAYER0 = ["caught = {}", "def one_head(q, k, v):", "head, kv_head = 0, 0", 'claim("C4", layer_diff']
+
+
+@pytest.fixture(scope="module")
+def layer0(course):
+    import math
+
+    loaded = course["loaded"]
+    namespace = dict(model=course["model"], tok=course["tok"], cfg=loaded.config, loaded=loaded, math=math,
+                     copy=copy)
+    for needle in LAYER0:
+        namespace = run_cell(cell_source(NB03, needle), **namespace)
+    return namespace
+
+
+def test_03_layer_claims_hold(layer0):
+    run_cell(cell_source(NB03, 'claim("C9", relative[True]'), **layer0)
+    namespace = run_cell(cell_source(NB03, "gqa_diff = (per_head"), **layer0)
+    assert namespace["gqa_diff"] <= 1e-5 and layer0["layer_diff"] <= 1e-4
+
+
+def test_03_layer_claim_c4_fails_when_the_library_layer_looks_ahead(layer0, monkeypatch):
+    from llm_anatomy.model import attention as attention_module
+
+    real = attention_module.attention
+    monkeypatch.setattr(attention_module, "attention", lambda q, k, v, causal=True, **kw: real(q, k, v, causal=False))
+    with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+        run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
+
+
+def test_03_layer0_mask_claim_fails_when_the_mask_is_never_applied(layer0):
+    real = layer0["attention"]
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(NB03, 'claim("C9", relative[True]'),
+                 **{**layer0, "attention": lambda q, k, v, causal=True: real(q, k, v, causal=False)})
+
+
+def test_03_grouping_claim_fails_when_the_heads_read_kv_head_h_mod_3(layer0):
+    Q, K, V, H, KV = (layer0[name] for name in ("Q", "K", "V", "H", "KV"))
+    dealt = torch.tensor([h % KV for h in range(H)])  # 0, 1, 2, 0, ...: each K/V head still read by 3 query heads
+    wrong = layer0["attention"](Q, K[:, dealt], V[:, dealt], causal=True)  # [1, 9, seq, 64]
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(NB03, "gqa_diff = (per_head"), **{**layer0, "heads_out": wrong})
