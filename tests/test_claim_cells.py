@@ -379,3 +379,48 @@ def test_03_grouping_claim_fails_when_the_heads_read_kv_head_h_mod_3(layer0):
     wrong = layer0["attention"](Q, K[:, dealt], V[:, dealt], causal=True)  # [1, 9, seq, 64]
     with pytest.raises(ClaimFailed, match="C5 NOT shown"):
         run_cell(cell_source(NB03, "gqa_diff = (per_head"), **{**layer0, "heads_out": wrong})
+
+
+# 04 · C4: the loop over the blocks is ScratchLlama, which is transformers to 1e-3; greedy tokens identical
+LOOP = ("04_forward_pass.ipynb", 'claim("C4", loop_diff')
+GREEDY = ("04_forward_pass.ipynb", 'claim("C4", our_ids == reference_ids')
+
+
+@pytest.fixture(scope="module")
+def loop_names(course):
+    ids = _ids(course, "The capital of France is")
+    return dict(scratch=course["scratch"], ids=ids, reference=course["model"](ids, output_hidden_states=True))
+
+
+def test_04_loop_claim_holds(loop_names):
+    namespace = run_cell(cell_source(*LOOP), **loop_names)
+    assert namespace["loop_diff"] <= 1e-5 and namespace["model_diff"] <= 1e-3
+
+
+def test_04_loop_claim_fails_when_one_block_is_not_the_models(loop_names):
+    weight = loop_names["scratch"].layers[15].mlp.down_proj.weight  # shared with the other tests: put back after
+    kept = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.05)  # one block's MLP 5% off: a wrong weight, a wrong loop
+        with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+            run_cell(cell_source(*LOOP), **loop_names)
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+
+
+def test_04_greedy_claim_fails_when_one_token_differs(course, monkeypatch):
+    from types import SimpleNamespace
+
+    from llm_anatomy.generate import decode
+
+    ids = _ids(course, "The capital of France is")
+    tokens = [12, 34, 56, 78]  # stand-ins, no model run: the test is that the cell compares every token
+    reference = SimpleNamespace(generate=lambda ids, **kw: torch.cat([ids, torch.tensor([tokens])], dim=1))
+    names = dict(model=reference, tok=course["tok"], scratch=None, ids=ids)
+    monkeypatch.setattr(decode, "greedy_tokens", lambda *a, **k: list(tokens))
+    assert run_cell(cell_source(*GREEDY), **names)["our_ids"] == tokens
+    monkeypatch.setattr(decode, "greedy_tokens", lambda *a, **k: tokens[:-1] + [0])  # the last token differs
+    with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+        run_cell(cell_source(*GREEDY), **names)
