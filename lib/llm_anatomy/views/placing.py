@@ -38,8 +38,8 @@ def place_labels(ax, points, texts, fontsize: float = 8) -> PlacedLabels:
     if len(points) != len(texts):
         raise CourseError(f"{len(points)} points but {len(texts)} labels: give one label per point.")
     figure = ax.figure
-    figure.canvas.draw()  # fixes the limits and the layout, so the boxes measured now are those shown
-    renderer = figure.canvas.get_renderer()
+    ax.autoscale_view()  # fixes the limits now (a draw would too, but costs a whole render), so the boxes
+    renderer = figure.canvas.get_renderer()  # measured below are those shown
     frame = ax.get_window_extent(renderer)
     screen = ax.transData.transform(points) if points else []
     dots = [Bbox.from_extents(px - POINT_PX, py - POINT_PX, px + POINT_PX, py + POINT_PX) for px, py in screen]
