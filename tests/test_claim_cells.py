@@ -1,5 +1,6 @@
-"""The claim cells of notebooks 02-04 (and 06's C9), run as the notebook holds them, on the real model: each holds,
-and each fails (ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows the same for a whole notebook run).
+"""The claim cells of notebooks 01-04 (and 06's C9), run as the notebook holds them (on the real model where they
+read it): each holds, and each fails (ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows
+the same for a whole notebook run).
 
 Each claim cell here imports what it uses and reads only a few names the notebook made above it (the model, the
 prompt's ids), so a test can run the cell's own source with those names and a piece of the evidence swapped."""
@@ -425,3 +426,46 @@ def test_04_greedy_claim_fails_when_one_token_differs(course, monkeypatch):
     monkeypatch.setattr(decode, "greedy_tokens", lambda *a, **k: tokens[:-1] + [0])  # the last token differs
     with pytest.raises(ClaimFailed, match="C4 NOT shown"):
         run_cell(cell_source(*GREEDY), **names)
+
+
+# 01 · C1: our trainer's merges are the tokenizers library's, in order; our encoder gives the model's ids
+TRAINER = ("01_tokens.ipynb", 'claim("C1", same ==')
+ENCODER = ("01_tokens.ipynb", 'claim("C1", all(same_tricky)')
+
+
+def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkeypatch):
+    from llm_anatomy.tokens import bpe
+
+    corpus = bpe.load_corpus()
+    theirs = bpe.hf_trained_merges(corpus, 256 + 1000)
+    names = dict(bpe=bpe, corpus=corpus, small=None)
+    monkeypatch.setattr(bpe, "learned_merges", lambda tokenizer: list(theirs))  # stand-in for our trainer's merges
+    assert run_cell(cell_source(*TRAINER), **names)["same"] == 1000
+    swapped = list(theirs)
+    swapped[500], swapped[501] = swapped[501], swapped[500]  # the same merges, two learned in the other order
+    for wrong in (swapped, theirs[:999]):
+        monkeypatch.setattr(bpe, "learned_merges", lambda tokenizer, wrong=wrong: wrong)
+        with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+            run_cell(cell_source(*TRAINER), **names)
+
+
+def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_differs(ours, reference_tokenizer):
+    from llm_anatomy.device import timed
+    from llm_anatomy.tokens import bpe
+
+    corpus = bpe.load_corpus()[:3000]  # a slice: the cell encodes all of it twice
+    names = dict(bpe=bpe, timed=timed, ours=ours, small=ours, tokenizer=reference_tokenizer, corpus=corpus,
+                 tricky=["a", "b"], same_tricky=[True, True])
+    run_cell(cell_source(*ENCODER), **names)
+    with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+        run_cell(cell_source(*ENCODER), **{**names, "same_tricky": [True, False]})
+
+    class OneIdOff(bpe.BPETokenizer):  # our encoder with its last id changed
+        def encode(self, text):
+            ids = super().encode(text)
+            return ids[:-1] + [ids[-1] + 1] if ids else ids
+
+    off = copy.copy(ours)
+    off.__class__ = OneIdOff
+    with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+        run_cell(cell_source(*ENCODER), **{**names, "ours": off})
