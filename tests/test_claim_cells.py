@@ -242,8 +242,11 @@ def _induction_names(course, text):
     from llm_anatomy.views.labels import token_labels
 
     text_ids = _ids(course, text)
-    return dict(tok=course["tok"], scratch=course["scratch"], cfg=course["loaded"].config, text_ids=text_ids,
-                text_names=token_labels(course["tok"], text_ids[0]), H=course["scratch"].cfg.num_heads)
+    scratch, cfg = course["scratch"], course["loaded"].config
+    traced = scratch.trace(text_ids, keep_hidden=False, attention_layers=range(cfg.num_hidden_layers),
+                           logits_to_keep=1)  # made in the section's first cell, as the notebook makes it
+    return dict(tok=course["tok"], scratch=scratch, cfg=cfg, text_ids=text_ids, traced=traced,
+                text_names=token_labels(course["tok"], text_ids[0]), H=scratch.cfg.num_heads)
 
 
 def test_03_induction_head_claim_holds(course):
