@@ -472,3 +472,35 @@ def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_diffe
     off.__class__ = OneIdOff
     with pytest.raises(ClaimFailed, match="C1 NOT shown"):
         run_cell(cell_source(*ENCODER), **{**names, "ours": off})
+
+
+# 04 · the lens grid's " France" at the second " of" is a copy, where notebook 03's induction head looks
+COPY = ("04_forward_pass.ipynb", "induction_layer, induction_head = divmod(")
+
+
+@pytest.fixture(scope="module")
+def copy_names(course):
+    from llm_anatomy.model.logit_lens import lens_grid
+
+    cfg, scratch = course["loaded"].config, course["scratch"]
+    lens_ids = _ids(course, "The capital of France is Paris. The capital of Germany is")
+    lens_traced = scratch.trace(lens_ids, attention_layers=range(cfg.num_hidden_layers))
+    grid = lens_grid(scratch, lens_ids, course["tok"], hidden_states=lens_traced.hidden_states)
+    return dict(tok=course["tok"], loaded=course["loaded"], scratch=scratch, cfg=cfg, H=scratch.cfg.num_heads,
+                lens_ids=lens_ids, lens_traced=lens_traced, grid=grid)
+
+
+def test_04_copied_france_holds_and_fails_when_the_guess_is_not_the_copy(copy_names):
+    namespace = run_cell(cell_source(*COPY), **copy_names)
+    assert namespace["copied"] == " France"
+    grid = copy.deepcopy(copy_names["grid"])
+    grid.top_tokens[-1][namespace["second_of"]] = " Germany"  # a guess that copies nothing
+    with pytest.raises(AssertionError, match="not what the text above says"):
+        run_cell(cell_source(*COPY), **{**copy_names, "grid": grid})
+
+
+def test_04_copied_france_fails_when_the_induction_head_looks_elsewhere(copy_names):
+    traced = copy.copy(copy_names["lens_traced"])
+    traced.attentions = {layer: w.flip(-1).tril() for layer, w in traced.attentions.items()}  # keys read backwards
+    with pytest.raises(AssertionError, match="not what the text above says"):
+        run_cell(cell_source(*COPY), **{**copy_names, "lens_traced": traced})
