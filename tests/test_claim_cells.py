@@ -1,5 +1,6 @@
-"""The claim cells of notebooks 02-04 (and 06's C9), run as the notebook holds them, on the real model: each holds,
-and each fails (ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows the same for a whole notebook run).
+"""The claim cells of notebooks 01-04 (and 06's C9), run as the notebook holds them (on the real model where they
+read it): each holds, and each fails (ClaimFailed) when its evidence is broken on purpose (tests/test_claims.py shows
+the same for a whole notebook run).
 
 Each claim cell here imports what it uses and reads only a few names the notebook made above it (the model, the
 prompt's ids), so a test can run the cell's own source with those names and a piece of the evidence swapped."""
@@ -51,7 +52,8 @@ GQA = ("04_forward_pass.ipynb", 'claim("C5"')
 
 
 def _gqa_names(course):
-    return dict(course, ids=_ids(course, "The capital of France is"))
+    ids = _ids(course, "The capital of France is")
+    return dict(course, ids=ids, reference=course["model"](ids))  # the notebook's pass, made in the block-by-hand cell
 
 
 def test_04_gqa_ablation_holds(course):
@@ -240,8 +242,11 @@ def _induction_names(course, text):
     from llm_anatomy.views.labels import token_labels
 
     text_ids = _ids(course, text)
-    return dict(tok=course["tok"], scratch=course["scratch"], cfg=course["loaded"].config, text_ids=text_ids,
-                text_names=token_labels(course["tok"], text_ids[0]), H=course["scratch"].cfg.num_heads)
+    scratch, cfg = course["scratch"], course["loaded"].config
+    traced = scratch.trace(text_ids, keep_hidden=False, attention_layers=range(cfg.num_hidden_layers),
+                           logits_to_keep=1)  # made in the section's first cell, as the notebook makes it
+    return dict(tok=course["tok"], scratch=scratch, cfg=cfg, text_ids=text_ids, traced=traced,
+                text_names=token_labels(course["tok"], text_ids[0]), H=scratch.cfg.num_heads)
 
 
 def test_03_induction_head_claim_holds(course):
@@ -259,3 +264,243 @@ def test_03_induction_head_copies_whatever_followed_last_time(course):
     # what makes it an induction head: after a different context, the second " cat" still looks at " sat"
     namespace = run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat. A dog ran, cat"))
     assert namespace["text_names"][namespace["after_first"]] == "·sat"
+
+
+# 02 · C2: one-hot times the table is the lookup, and so are the library's one_hot_lookup and the model's layer
+LOOKUP = ("02_embeddings_and_positions.ipynb", 'claim("C2"')
+
+
+def _lookup_names(course):
+    from llm_anatomy.model.embeddings import embedding_table
+
+    table = embedding_table(course["loaded"])
+    return dict(table=table, ids=course["tok"].encode("The cat sat", add_special_tokens=False), model=course["model"])
+
+
+def test_02_lookup_claim_holds(course):
+    namespace = run_cell(cell_source(*LOOKUP), **_lookup_names(course))
+    assert torch.equal(namespace["by_index"], namespace["layer"])
+
+
+def test_02_lookup_claim_fails_when_the_library_or_the_layer_reads_another_row(course, monkeypatch):
+    from types import SimpleNamespace
+
+    from llm_anatomy.model import embeddings
+
+    names = _lookup_names(course)
+    table = names["table"]
+    shifted = SimpleNamespace(model=SimpleNamespace(embed_tokens=lambda ids: table[(ids + 1) % table.shape[0]]))
+    with pytest.raises(ClaimFailed, match="C2 NOT shown"):  # a layer that reads the next row
+        run_cell(cell_source(*LOOKUP), **{**names, "model": shifted})
+    monkeypatch.setattr(embeddings, "one_hot_lookup", lambda ids, t: t[ids] * 1.001)  # not the row itself
+    with pytest.raises(ClaimFailed, match="C2 NOT shown"):
+        run_cell(cell_source(*LOOKUP), **names)
+
+
+# 02 · C3: RoPE by hand, the library's and transformers' agree; only the offset sets the score
+ROPE = ("02_embeddings_and_positions.ipynb", "library_vs_theirs = (library - theirs)")
+OFFSET = ("02_embeddings_and_positions.ipynb", "offset3 = [score(m + 3, m)")
+
+
+def _rope_names(course, apply=None):
+    from llm_anatomy.model import rope
+
+    cfg = course["loaded"].config
+    names = dict(model=course["model"], loaded=course["loaded"], head_dim=cfg.head_dim,
+                 theta=cfg.rope_parameters["rope_theta"], rope_cos_sin=rope.rope_cos_sin,
+                 apply_rope=apply or rope.apply_rope, freqs=rope.rope_frequencies(cfg.head_dim,
+                                                                                  cfg.rope_parameters["rope_theta"]))
+    exec(compile(cell_source("02_embeddings_and_positions.ipynb", "def rope_by_hand"), "<cell>", "exec"),
+         {"torch": torch, "print": lambda *a, **k: None, **names}, names)  # the notebook's own x, pos and mine
+    return names
+
+
+def test_02_rope_claim_holds(course):
+    namespace = run_cell(cell_source(*ROPE), **_rope_names(course))
+    assert namespace["library_vs_theirs"] <= 1e-5
+
+
+def test_02_rope_claim_fails_when_the_library_turns_the_other_way(course):
+    from llm_anatomy.model import rope
+
+    backwards = lambda x, cos, sin: rope.apply_rope(x, cos, -sin)  # noqa: E731: every pair turned by -angle
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*ROPE), **_rope_names(course, backwards))
+
+
+def test_02_offset_claim_holds_and_fails_for_absolute_positions_or_no_rotation(course):
+    from llm_anatomy.model import rope
+
+    run_cell(cell_source(*OFFSET), **_rope_names(course))
+    absolute = lambda x, cos, sin: rope.apply_rope(x, cos, sin) + cos  # noqa: E731: a position added, not turned
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*OFFSET), **_rope_names(course, absolute))
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):  # no rotation: every offset gives the same score
+        run_cell(cell_source(*OFFSET), **_rope_names(course, lambda x, cos, sin: x))
+
+
+# 03 · C4, C9 (layer 0) and C5 (the grouping): the notebook's own cells, from the hook on layer 0 to the claims
+NB03 = "03_attention.ipynb"
+LAYER0 = ["caught = {}", "def one_head(q, k, v):", "head, kv_head = 0, 0", 'claim("C4", layer_diff']
+
+
+@pytest.fixture(scope="module")
+def layer0(course):
+    import math
+
+    loaded = course["loaded"]
+    namespace = dict(model=course["model"], tok=course["tok"], cfg=loaded.config, loaded=loaded, math=math,
+                     copy=copy)
+    for needle in LAYER0:
+        namespace = run_cell(cell_source(NB03, needle), **namespace)
+    return namespace
+
+
+def test_03_layer_claims_hold(layer0):
+    run_cell(cell_source(NB03, 'claim("C9", relative[True]'), **layer0)
+    namespace = run_cell(cell_source(NB03, "gqa_diff = (per_head"), **layer0)
+    assert namespace["gqa_diff"] <= 1e-5 and layer0["layer_diff"] <= 1e-4
+
+
+def test_03_layer_claim_c4_fails_when_the_library_layer_looks_ahead(layer0, monkeypatch):
+    from llm_anatomy.model import attention as attention_module
+
+    real = attention_module.attention
+    monkeypatch.setattr(attention_module, "attention", lambda q, k, v, causal=True, **kw: real(q, k, v, causal=False))
+    with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+        run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
+
+
+def test_03_layer0_mask_claim_fails_when_the_mask_is_never_applied(layer0):
+    real = layer0["attention"]
+    with pytest.raises(ClaimFailed, match="C9 NOT shown"):
+        run_cell(cell_source(NB03, 'claim("C9", relative[True]'),
+                 **{**layer0, "attention": lambda q, k, v, causal=True: real(q, k, v, causal=False)})
+
+
+def test_03_grouping_claim_fails_when_the_heads_read_kv_head_h_mod_3(layer0):
+    Q, K, V, H, KV = (layer0[name] for name in ("Q", "K", "V", "H", "KV"))
+    dealt = torch.tensor([h % KV for h in range(H)])  # 0, 1, 2, 0, ...: each K/V head still read by 3 query heads
+    wrong = layer0["attention"](Q, K[:, dealt], V[:, dealt], causal=True)  # [1, 9, seq, 64]
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(NB03, "gqa_diff = (per_head"), **{**layer0, "heads_out": wrong})
+
+
+# 04 · C4: the loop over the blocks is ScratchLlama, which is transformers to 1e-3; greedy tokens identical
+LOOP = ("04_forward_pass.ipynb", 'claim("C4", loop_diff')
+GREEDY = ("04_forward_pass.ipynb", 'claim("C4", our_ids == reference_ids')
+
+
+@pytest.fixture(scope="module")
+def loop_names(course):
+    ids = _ids(course, "The capital of France is")
+    return dict(scratch=course["scratch"], ids=ids, reference=course["model"](ids, output_hidden_states=True))
+
+
+def test_04_loop_claim_holds(loop_names):
+    namespace = run_cell(cell_source(*LOOP), **loop_names)
+    assert namespace["loop_diff"] <= 1e-5 and namespace["model_diff"] <= 1e-3
+
+
+def test_04_loop_claim_fails_when_one_block_is_not_the_models(loop_names):
+    weight = loop_names["scratch"].layers[15].mlp.down_proj.weight  # shared with the other tests: put back after
+    kept = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.05)  # one block's MLP 5% off: a wrong weight, a wrong loop
+        with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+            run_cell(cell_source(*LOOP), **loop_names)
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+
+
+def test_04_greedy_claim_fails_when_one_token_differs(course, monkeypatch):
+    from types import SimpleNamespace
+
+    from llm_anatomy.generate import decode
+
+    ids = _ids(course, "The capital of France is")
+    tokens = [12, 34, 56, 78]  # stand-ins, no model run: the test is that the cell compares every token
+    reference = SimpleNamespace(generate=lambda ids, **kw: torch.cat([ids, torch.tensor([tokens])], dim=1))
+    names = dict(model=reference, tok=course["tok"], scratch=None, ids=ids)
+    monkeypatch.setattr(decode, "greedy_tokens", lambda *a, **k: list(tokens))
+    assert run_cell(cell_source(*GREEDY), **names)["our_ids"] == tokens
+    monkeypatch.setattr(decode, "greedy_tokens", lambda *a, **k: tokens[:-1] + [0])  # the last token differs
+    with pytest.raises(ClaimFailed, match="C4 NOT shown"):
+        run_cell(cell_source(*GREEDY), **names)
+
+
+# 01 · C1: our trainer's merges are the tokenizers library's, in order; our encoder gives the model's ids
+TRAINER = ("01_tokens.ipynb", 'claim("C1", same ==')
+ENCODER = ("01_tokens.ipynb", 'claim("C1", all(same_tricky)')
+
+
+def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkeypatch):
+    from llm_anatomy.tokens import bpe
+
+    corpus = bpe.load_corpus()
+    theirs = bpe.hf_trained_merges(corpus, 256 + 1000)
+    names = dict(bpe=bpe, corpus=corpus, small=None)
+    monkeypatch.setattr(bpe, "learned_merges", lambda tokenizer: list(theirs))  # stand-in for our trainer's merges
+    assert run_cell(cell_source(*TRAINER), **names)["same"] == 1000
+    swapped = list(theirs)
+    swapped[500], swapped[501] = swapped[501], swapped[500]  # the same merges, two learned in the other order
+    for wrong in (swapped, theirs[:999]):
+        monkeypatch.setattr(bpe, "learned_merges", lambda tokenizer, wrong=wrong: wrong)
+        with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+            run_cell(cell_source(*TRAINER), **names)
+
+
+def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_differs(ours, reference_tokenizer):
+    from llm_anatomy.device import timed
+    from llm_anatomy.tokens import bpe
+
+    corpus = bpe.load_corpus()[:3000]  # a slice: the cell encodes all of it twice
+    names = dict(bpe=bpe, timed=timed, ours=ours, small=ours, tokenizer=reference_tokenizer, corpus=corpus,
+                 tricky=["a", "b"], same_tricky=[True, True])
+    run_cell(cell_source(*ENCODER), **names)
+    with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+        run_cell(cell_source(*ENCODER), **{**names, "same_tricky": [True, False]})
+
+    class OneIdOff(bpe.BPETokenizer):  # our encoder with its last id changed
+        def encode(self, text):
+            ids = super().encode(text)
+            return ids[:-1] + [ids[-1] + 1] if ids else ids
+
+    off = copy.copy(ours)
+    off.__class__ = OneIdOff
+    with pytest.raises(ClaimFailed, match="C1 NOT shown"):
+        run_cell(cell_source(*ENCODER), **{**names, "ours": off})
+
+
+# 04 · the lens grid's " France" at the second " of" is a copy, where notebook 03's induction head looks
+COPY = ("04_forward_pass.ipynb", "induction_layer, induction_head = divmod(")
+
+
+@pytest.fixture(scope="module")
+def copy_names(course):
+    from llm_anatomy.model.logit_lens import lens_grid
+
+    cfg, scratch = course["loaded"].config, course["scratch"]
+    lens_ids = _ids(course, "The capital of France is Paris. The capital of Germany is")
+    lens_traced = scratch.trace(lens_ids, attention_layers=range(cfg.num_hidden_layers))
+    grid = lens_grid(scratch, lens_ids, course["tok"], hidden_states=lens_traced.hidden_states)
+    return dict(tok=course["tok"], loaded=course["loaded"], scratch=scratch, cfg=cfg, H=scratch.cfg.num_heads,
+                lens_ids=lens_ids, lens_traced=lens_traced, grid=grid)
+
+
+def test_04_copied_france_holds_and_fails_when_the_guess_is_not_the_copy(copy_names):
+    namespace = run_cell(cell_source(*COPY), **copy_names)
+    assert namespace["copied"] == " France"
+    grid = copy.deepcopy(copy_names["grid"])
+    grid.top_tokens[-1][namespace["second_of"]] = " Germany"  # a guess that copies nothing
+    with pytest.raises(AssertionError, match="not what the text above says"):
+        run_cell(cell_source(*COPY), **{**copy_names, "grid": grid})
+
+
+def test_04_copied_france_fails_when_the_induction_head_looks_elsewhere(copy_names):
+    traced = copy.copy(copy_names["lens_traced"])
+    traced.attentions = {layer: w.flip(-1).tril() for layer, w in traced.attentions.items()}  # keys read backwards
+    with pytest.raises(AssertionError, match="not what the text above says"):
+        run_cell(cell_source(*COPY), **{**copy_names, "lens_traced": traced})

@@ -59,3 +59,12 @@ def test_the_lens_grid_reads_every_layer_at_every_position():
     assert grid.top_tokens[-1] == [str(int(i)) for i in out.logits[0].argmax(-1)]  # the last row is the model
     with pytest.raises(CourseError, match="at most 4 positions"):
         lens_grid(model, ids, max_tokens=4)
+
+
+def test_a_trace_already_made_gives_the_same_rows_and_a_wrong_one_is_refused():
+    model = ScratchLlama.from_hf(random_llama())
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(1))
+    assert logit_lens(model, ids, traced=model.trace(ids)) == logit_lens(model, ids)
+    for wrong in (model.trace(ids, keep_hidden=False), model.trace(ids[:, :5]), model.trace(ids, logits_to_keep=1)):
+        with pytest.raises(CourseError, match="traced must be model.trace"):
+            logit_lens(model, ids, traced=wrong)

@@ -36,3 +36,35 @@ def test_labels_of_the_real_tokenizer(reference_tokenizer):
     labels = token_labels(reference_tokenizer, ids)
     assert "".join(labels) == "\u00b7Hello\u00b7world\u21b5"
     assert len(labels) == len(ids)
+
+
+def test_the_glyph_legend_names_the_marks_that_occur_and_only_those():
+    from llm_anatomy.views.labels import glyph_legend
+
+    assert glyph_legend(["cat", "sat"]) == ""
+    assert glyph_legend([token_label(" the"), token_label("\n")]) == "\u00b7 = a space, \u21b5 = a newline"
+    legend = glyph_legend([token_label("\t"), token_label("😀".encode()[:2]), token_label("unbelievably", 6)])
+    assert legend == "\u2192 = a tab, <F0 9F> = the bytes of a character split across tokens, \u2026 = cut short"
+    assert glyph_legend(["<filename>", "<|im_start|>"]) == ""  # special tokens are not bytes
+
+
+def test_pictures_of_tokens_carry_the_legend():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from llm_anatomy.views.attention import draw_attention
+    from llm_anatomy.views.tokens import TokenSpan, tokens_html
+
+    fig, ax = plt.subplots()
+    draw_attention(torch.eye(3), ["The", "\u00b7cat", "\u21b5"], ax=ax)
+    assert ax.get_xlabel().endswith("\u00b7 = a space, \u21b5 = a newline")
+    draw_attention(torch.eye(2), ["The", "cat"], ax=ax)
+    assert ax.get_xlabel() == "key (token looked at)"
+    plt.close(fig)
+    assert "la-glyph-legend" not in tokens_html([])
+    spaced = tokens_html([TokenSpan(0, 1, b" the", 1)])
+    assert "la-glyph-legend" in spaced and "a space" in spaced
+    assert "la-glyph-legend" not in tokens_html([TokenSpan(0, 2, b"cat", None)])

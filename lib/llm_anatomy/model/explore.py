@@ -2,6 +2,8 @@
 
 The weights come from the blocks' own attention (`ScratchLlama.attention_weights`), one forward pass of the model;
 `views/attention.py` labels and draws them, `widgets/attention_explorer.py` is the shell around both.
+`weight_from_to(traced, query, key)` reads every head's weight from one position onto another out of a trace (how
+notebook 04 finds notebook 03's induction head again).
 """
 
 from __future__ import annotations
@@ -41,3 +43,22 @@ def head_attention(model, tokenizer, prompt: str, layer: int, head: int, max_tok
     weights = scratch.attention_weights(torch.tensor([ids], device=scratch.device), layer, head)  # [1, seq, seq]
     kv_head = kv_head_of(head, scratch.cfg.num_heads, scratch.cfg.num_kv_heads)
     return HeadAttention(ids, weights[0].float().cpu(), layer, head, kv_head, note)
+
+
+def weight_from_to(traced, query: int, key: int) -> torch.Tensor:
+    """Every head's attention weight from position `query` onto position `key`, read from `traced`, a ScratchOutput
+    of one prompt run with `trace(ids, attention_layers=range(layers))`: `[layers, heads]`, float32 on the CPU, each
+    a fraction of 1. Layers are those traced, in order from 0."""
+    layers = sorted(traced.attentions)
+    if not layers or layers != list(range(len(layers))):
+        raise CourseError("trace the prompt with attention_layers=range(number of layers) first: weight_from_to "
+                          f"reads every layer's weights from layer 0 on, and this trace kept layers {layers}.")
+    first = traced.attentions[0]  # [batch, heads, seq, seq]
+    if first.shape[0] != 1 or first.shape[2] != first.shape[3]:
+        raise CourseError(f"weight_from_to reads one prompt traced without a cache, not weights of shape "
+                          f"{list(first.shape)}.")
+    seq = first.shape[-1]
+    if not 0 <= key <= query < seq:
+        raise CourseError(f"need 0 <= key <= query < {seq} (a token sees only itself and earlier ones), "
+                          f"not query {query} and key {key}.")
+    return torch.stack([traced.attentions[i][0, :, query, key].float().cpu() for i in layers])  # [layers, heads]

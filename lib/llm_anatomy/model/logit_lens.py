@@ -41,12 +41,16 @@ class LensRow:
 
 
 @torch.no_grad()
-def logit_lens(model, input_ids: torch.Tensor, tokenizer=None, position: int = -1) -> list[LensRow]:
+def logit_lens(model, input_ids: torch.Tensor, tokenizer=None, position: int = -1, traced=None) -> list[LensRow]:
     """Read every layer of a ScratchLlama with the lens at `position` (batch 0).
 
     The 'target' is the model's final top prediction, so the last row always has rank 0.
+    traced: the ScratchOutput of `model.trace(input_ids)` (with its hidden states), when already computed.
     """
-    out = model.trace(input_ids, keep_hidden=True)
+    out = traced if traced is not None else model.trace(input_ids, keep_hidden=True)
+    if len(out.hidden_states) != model.cfg.num_layers + 1 or out.logits.shape[:2] != input_ids.shape:
+        raise CourseError("traced must be model.trace(input_ids) of these ids, with keep_hidden=True: the stream "
+                          "before the first block and after each one, and the logits at every position.")
     logits = lens_logits(out.hidden_states, model.norm, model.lm_head, position)[:, 0]  # [layers + 1, vocab]
     probs = torch.softmax(logits.float(), dim=-1)
     target = int(out.logits[0, position].argmax())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..tokens.bpe import BPETokenizer, MergeStep, utf8_bytes
 from ..errors import CourseError
-from .labels import token_label
+from .labels import glyph_legend, token_label
 
 # Soft background colours, cycled token by token so that neighbours always differ.
 PALETTE = ("#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6", "#a0c4ff", "#ffadad")
@@ -125,6 +125,9 @@ def tokens_html(spans: list[TokenSpan]) -> str:
             f'background:{colour(span.index)};border:{border};border-radius:3px;white-space:pre;'
             f'font-family:monospace;text-align:center;vertical-align:top">{html.escape(span.label)}'
             f'<br><span style="font-size:70%;color:#333">{span.id}</span></span>')
+    legend = glyph_legend(span.label for span in spans)  # how to read the marks drawn for whitespace and bytes
+    if legend:
+        parts.append(f'<div class="la-glyph-legend" style="font-size:80%;color:#555">{html.escape(legend)}</div>')
     return "<div>" + "".join(parts) + "</div>"
 
 
