@@ -34,7 +34,7 @@ def test_tokens_are_stamped_on_the_wall_clock_when_they_come_out(scratch_tiny):
     # the scheduler's own clock advances by its model calls only (a few ms here); the server's is the wall clock
     from llm_anatomy.serve.batching import Request
     from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.server.engine import WallClockScheduler
+    from llm_anatomy.server.scheduler import WallClockScheduler
 
     sched = WallClockScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 16, 4), 2, None, clock=lambda: 100.0)
     done = sched.run([Request([1, 2, 3, 4, 5], 3)])[0]

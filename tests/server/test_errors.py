@@ -117,7 +117,9 @@ def test_the_queue_limit_can_be_changed_and_a_bad_one_is_refused(server):
         reply = httpx.put(server.root + "/debug/max-waiting", content=bad, timeout=10,
                           headers={"Authorization": f"Bearer {KEY}"})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_waiting"
-    for limit in (None, 1):
+    for limit in ("auto", None, 1):  # ends on the fixture's own limit
         reply = httpx.put(server.root + "/debug/max-waiting", json={"max_waiting": limit}, timeout=10,
                           headers={"Authorization": f"Bearer {KEY}"})
         assert reply.status_code == 200 and reply.json() == {"max_waiting": limit}
+        in_force = json.loads(server.get("/debug/requests"))["queue_limit"]
+        assert in_force == limit if limit != "auto" else isinstance(in_force, int) and in_force >= 0

@@ -6,7 +6,7 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
-    PUT  /debug/max-waiting     {"max_waiting": 4} or null: change the queue's limit (notebook 11 compares the two)
+    PUT  /debug/max-waiting     {"max_waiting": 4}, "auto" or null: change the queue's limit (notebook 11, bench api)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
@@ -33,6 +33,7 @@ from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
 from ..generate.sampling import SamplingSettings
 from . import schemas
+from .sizing import check_max_waiting
 from .schemas import APIError, ChatRequest, CompletionRequest
 
 
@@ -130,14 +131,17 @@ class Server:
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def records(self, request):
-        return JSONResponse({"clock": self.engine.clock(), "requests": list(self.engine.records)})
+        return JSONResponse({"clock": self.engine.clock(), "queue_limit": self.engine.queue_limit(),
+                             "requests": list(self.engine.records)})
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))
         limit = body.get("max_waiting", "missing")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise APIError(400, f"max_waiting must be null (no limit) or a whole number >= 0, not {limit!r}.",
-                           param="max_waiting")
+        try:
+            check_max_waiting(limit)
+        except CourseError:
+            raise APIError(400, f"max_waiting must be null (no limit), a whole number >= 0 or \"auto\", not "
+                                f"{limit!r}.", param="max_waiting") from None
         self.engine.max_waiting = limit
         return JSONResponse({"max_waiting": limit})
 

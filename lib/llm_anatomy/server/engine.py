@@ -40,8 +40,9 @@ from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
-from ..serve.scheduler import ContinuousScheduler
+from .scheduler import WallClockScheduler
 from .schemas import APIError
+from .sizing import QueueSizer, check_max_waiting
 
 HAND_OVER_S = 0.005  # the longest the engine waits for the event loop to send a step's tokens (seconds)
 
@@ -57,22 +58,6 @@ def admission(waiting: int, limit: int | None, seconds_per_admission: float) -> 
     if limit is None or waiting < limit:
         return True, 0
     return False, max(1, math.ceil((waiting - limit + 1) * seconds_per_admission))
-
-
-class WallClockScheduler(ContinuousScheduler):
-    """The course's scheduler on a server's wall clock: a token's time is when it came out of its step.
-
-    clock(): seconds on the engine's clock. The scheduler's own clock advances by its model calls only (notebook 08);
-    here it is also moved on to the wall clock as each token comes out, so the time spent between the calls
-    (admitting, planning the blocks, choosing the tokens) is in the request's times too."""
-
-    def __init__(self, *args, clock, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.clock = clock
-
-    def emit(self, request: Request, token: int) -> None:
-        self.now = max(self.now, self.clock())
-        super().emit(request, token)
 
 
 @dataclass(eq=False)
@@ -97,15 +82,16 @@ class EngineLoop:
 
     model: a ScratchLlama; tokenizer: its transformers tokenizer (the chat template, decode). The pool holds
     kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
-    max_waiting: requests that may wait for a slot (None: no limit); metrics: a server.metrics.Metrics, or None.
+    max_waiting: requests that may wait for a slot (None: no limit; "auto": sized from ttft_objective_s, seconds, or
+    by default 3x the shortest recent prefill, by Little's law: sizing.py); metrics: a server.metrics.Metrics, or None.
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 8, kv_blocks: int = 512, block_size: int = 16,
-                 max_batched_tokens: int | None = 256, prefix_cache: bool = True, max_waiting: int | None = None,
+                 max_batched_tokens: int | None = 256, prefix_cache: bool = True,
+                 max_waiting: int | str | None = None, ttft_objective_s: float | None = None,
                  metrics=None, keep_records: int = 2000):
-        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
-                                        or max_waiting < 0):
-            raise CourseError(f"max_waiting must be None (no limit) or a whole number >= 0, not {max_waiting!r}.")
+        check_max_waiting(max_waiting)
+        self.sizer = QueueSizer(ttft_objective_s)  # max_waiting "auto": the limit sized from the TTFT objective
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
         self.scheduler = WallClockScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
                                             clock=self.clock)
@@ -145,6 +131,10 @@ class EngineLoop:
         times = list(self.admissions)
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 4 and times[-1] > times[0] else 1.0
 
+    def queue_limit(self) -> int | None:
+        """The queue's limit now: max_waiting, or with "auto" the one sized from the TTFT objective (sizing.py)."""
+        return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
+
     def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
                stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
@@ -155,7 +145,7 @@ class EngineLoop:
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
             queued = max(0, self._unadmitted - free_slots)
-            ok, retry_after = admission(queued, self.max_waiting, self.seconds_per_admission())
+            ok, retry_after = admission(queued, self.queue_limit(), self.seconds_per_admission())
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
@@ -219,8 +209,11 @@ class EngineLoop:
             for i in range(live.sent, len(r.output)):
                 live.sent = i + 1
                 token = r.output[i]
-                if i == 0 and self.metrics is not None:
-                    self.metrics.first_token(r)
+                if i == 0:
+                    if r.admitted_s is not None:
+                        self.sizer.prefilled(r.token_times[0] - r.admitted_s)
+                    if self.metrics is not None:
+                        self.metrics.first_token(r)
                 if token in self.end_ids:  # the end of the turn: not shown
                     live.sent = i  # nor counted as an answer's token
                     self._emit(live, self._rest(live), last=True)
