@@ -162,3 +162,25 @@ def test_the_flush_returns_once_the_handlers_woken_by_the_events_have_run():
         thread.join(10)
         loop.close()
     flush(0.01)  # a closed loop: returns at once, no error
+
+
+def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(client, model_id, real):
+    # the same penalties through the API and through GenerationSession (generate/penalties.py), greedy, token ids
+    # as the prompt: the same text; the counting answer without them is another one (" 11, 12, 1")
+    from llm_anatomy.generate.penalties import Penalties
+    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.generate.session import GenerationSession
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    ids = real.tokenizer("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,")["input_ids"]
+    session = GenerationSession(ScratchLlama.from_hf(real.model), real.tokenizer, max_new_tokens=10,
+                                settings=SamplingSettings(0.0), penalties=Penalties(presence=2.0, frequency=2.0))
+    want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
+
+    def ask(**penalties):
+        return client.completions.create(model=model_id, prompt=ids, max_tokens=10, temperature=0,
+                                         **penalties).choices[0].text
+
+    penalized = ask(presence_penalty=2.0, frequency_penalty=2.0)
+    assert penalized == real.tokenizer.decode(want)
+    assert ask() != penalized

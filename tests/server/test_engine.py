@@ -68,3 +68,42 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     assert texts and all(order[i + 1] in (("flush", HAND_OVER_S), "finish") for i in texts), order
     record = engine.records[-1]
     assert record["received_s"] <= record["arrival_s"] <= record["first_token_s"] <= time.monotonic() - engine.t0
+
+
+def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scratch_tiny):
+    # each token the scheduler chose is the argmax of Penalties.apply on that step's logits (the session's code),
+    # and a strong frequency penalty changes a greedy answer that repeats itself
+    import torch
+
+    from llm_anatomy.generate.penalties import Penalties
+    from llm_anatomy.serve.batching import Request
+    from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.server.scheduler import WallClockScheduler
+
+    penalties = Penalties(presence=1.5, frequency=2.0)
+
+    class Watched(WallClockScheduler):
+        def choose(self, request, logits):
+            token = super().choose(request, logits)
+            expected = int(penalties.apply(logits, request.prompt, request.output).argmax())
+            seen.append((token, expected, int(logits.argmax())))
+            return token
+
+    def run(with_penalties):
+        sched = Watched(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None, clock=lambda: 0.0)
+        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12))  # its id is set here
+        if with_penalties:
+            sched.penalties[request.id] = penalties
+        for _ in range(20):
+            if not sched.step():
+                break
+        return request.output
+
+    seen = []
+    plain = run(False)
+    assert all(token == greedy for token, _, greedy in seen)  # no penalties: the raw argmax
+    seen = []
+    penalized = run(True)
+    assert all(token == expected for token, expected, _ in seen)
+    assert len(set(penalized)) > len(set(plain)) or penalized != plain
+    assert torch.is_tensor(penalties.apply(torch.zeros(8), [1], [2]))  # the session's helper, unchanged

@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
+from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from . import schemas
 from .sizing import check_max_waiting
@@ -193,6 +194,7 @@ class Server:
         max_tokens = self._limits(len(ids), max_tokens)
         top_k = None if req.top_k in (None, 0, -1) else req.top_k
         sampling = SamplingSettings(req.temperature, top_k, req.top_p, req.min_p)
+        penalties = Penalties(presence=req.presence_penalty, frequency=req.frequency_penalty)  # checked: 400 if bad
         seed = req.seed if req.seed is not None else random.getrandbits(63)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -202,7 +204,7 @@ class Server:
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         live = self.engine.submit(ids, max_tokens, sampling, seed, req.stops(), top_logprobs, put, name=name,
-                                  received_s=received)
+                                  received_s=received, penalties=penalties)
         reply = _Reply(name, int(time.time()), self.name, kind, len(ids))
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CourseError
 from ..generate.chat import end_of_turn_ids
+from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
@@ -75,6 +76,7 @@ class Live:
     pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
     received_s: float | None = None  # when its HTTP handler began (engine clock): before reading, checking, template
     first_sent_s: float | None = None  # when its handler gave the first chunk with text to the web server
+    penalties: Penalties | None = None  # presence / frequency penalties, when the request set any
 
 
 class EngineLoop:
@@ -136,9 +138,13 @@ class EngineLoop:
         return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
 
     def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
-               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None) -> Live:
+               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None,
+               penalties: Penalties | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        received_s: when its handler began (engine clock), for the record of where the server's time went."""
+        received_s: when its handler began (engine clock), for the record of where the server's time went;
+        penalties: a generate.penalties.Penalties (None: none)."""
+        if penalties is not None and not isinstance(penalties, Penalties):
+            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
         request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
                           top_logprobs=top_logprobs)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
@@ -155,7 +161,7 @@ class EngineLoop:
             self._unadmitted += 1
         request.arrival_s = self.clock()
         live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
-                    received_s=received_s)
+                    received_s=received_s, penalties=penalties if penalties is not None and penalties.active else None)
         self._inbox.put(("submit", live))
         return live
 
@@ -180,7 +186,9 @@ class EngineLoop:
                     break
             for kind, live in commands:
                 if kind == "submit":
-                    sched.submit(live.request)
+                    sched.submit(live.request)  # gives it its id
+                    if live.penalties is not None:
+                        sched.penalties[live.request.id] = live.penalties
                     self._live[live.request.id] = live
                 elif kind == "cancel" and live.finish is None:
                     self._end(live, "cancelled")
@@ -260,6 +268,7 @@ class EngineLoop:
         r = live.request
         if reason != "length":
             self.scheduler.cancel(r.id)
+        self.scheduler.penalties.pop(r.id, None)
         if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
             self._admitted(live)
         live.finish = reason
