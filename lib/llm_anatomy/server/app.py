@@ -148,8 +148,9 @@ class Server:
 
     # ---- the completions ----------------------------------------------------------------------------------------
     async def chat(self, request):
-        received = self.engine.clock()
-        req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)), ChatRequest)
+        body = await read_body(request, self.max_body_bytes)  # the client may send it after the headers: its time
+        received = self.engine.clock()  # the server's own work starts with the whole request in hand
+        req = schemas.parse_request(schemas.parse_json(body), ChatRequest)
         self._check_model(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = chat_prompt_ids(self.engine.tokenizer, messages)[0].tolist()  # the model's own chat template
@@ -158,9 +159,9 @@ class Server:
                                  req.max_completion_tokens or req.max_tokens, received)
 
     async def completion(self, request):
+        body = await read_body(request, self.max_body_bytes)
         received = self.engine.clock()
-        req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)),
-                                    CompletionRequest)
+        req = schemas.parse_request(schemas.parse_json(body), CompletionRequest)
         self._check_model(req)
         ids = req.prompt if isinstance(req.prompt, list) else self.engine.tokenizer(req.prompt)["input_ids"]
         if max(ids) >= self.engine.model.cfg.vocab_size:

@@ -74,7 +74,7 @@ class Live:
     finish: str | None = None  # "stop", "length", "cancelled", "error"
     admitted: bool = False  # counted out of the waiting requests
     pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
-    received_s: float | None = None  # when its HTTP handler began (engine clock): before reading, checking, template
+    received_s: float | None = None  # when its HTTP handler had the whole body (engine clock): before checking it
     first_sent_s: float | None = None  # when its handler gave the first chunk with text to the web server
     penalties: Penalties | None = None  # presence / frequency penalties, when the request set any
 
