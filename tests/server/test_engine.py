@@ -107,3 +107,17 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
     assert all(token == expected for token, expected, _ in seen)
     assert len(set(penalized)) > len(set(plain)) or penalized != plain
     assert torch.is_tensor(penalties.apply(torch.zeros(8), [1], [2]))  # the session's helper, unchanged
+
+
+def test_a_queue_limit_of_0_takes_a_request_that_a_free_slot_will_take_and_refuses_the_next(scratch_tiny,
+                                                                                          reference_tokenizer):
+    # what --max-waiting auto gives when the objective leaves no time to wait: nobody queues, but the slots fill
+    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.server.schemas import APIError
+
+    engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=0)
+    for _ in range(2):  # two free slots (the engine is not started: nothing is admitted yet)
+        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+    with pytest.raises(APIError) as refused:
+        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+    assert refused.value.status == 429 and engine.waiting == 2

@@ -151,7 +151,8 @@ class EngineLoop:
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
             queued = max(0, self._unadmitted - free_slots)
-            ok, retry_after = admission(queued, self.queue_limit(), self.seconds_per_admission())
+            ok, retry_after = (True, 0) if self._unadmitted < free_slots else \
+                admission(queued, self.queue_limit(), self.seconds_per_admission())  # a free slot: it never waits
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
