@@ -141,7 +141,8 @@ class EngineLoop:
                stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None,
                penalties: Penalties | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        received_s: when its handler began (engine clock), for the record of where the server's time went;
+        received_s: when its handler had the whole body (engine clock), for the record of where the server's time
+        went;
         penalties: a generate.penalties.Penalties (None: none)."""
         if penalties is not None and not isinstance(penalties, Penalties):
             raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")

@@ -43,7 +43,8 @@ def free_port() -> int:
 
 def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, kv_blocks: int = 512,
           block_size: int = 16, max_batched_tokens: int | None = 256, prefix_cache: bool = True,
-          max_waiting: int | str | None = None, ttft_objective_s: float | None = None, api_key: str | None = None, max_body_bytes: int = 1 << 20,
+          max_waiting: int | str | None = None, ttft_objective_s: float | None = None, api_key: str | None = None,
+          max_body_bytes: int = 1 << 20,
           default_max_tokens: int = 256):
     """A Server (app.py) on an EngineLoop over the from-scratch model (fp32 on a CPU), warmed up, not yet started."""
     import torch

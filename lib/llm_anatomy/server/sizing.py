@@ -33,7 +33,8 @@ def queue_limit(ttft_objective_s: float, prefill_s: float, seconds_per_admission
             raise CourseError(f"{name} must be a finite number of seconds >= 0, not {value!r}.")
     if isinstance(seconds_per_admission, bool) or not isinstance(seconds_per_admission, (int, float)) \
             or not 0 < seconds_per_admission < math.inf:
-        raise CourseError(f"seconds_per_admission must be a finite number of seconds > 0, not {seconds_per_admission!r}.")
+        raise CourseError(f"seconds_per_admission must be a finite number of seconds > 0, not "
+                          f"{seconds_per_admission!r}.")
     return max(0, math.floor((ttft_objective_s - prefill_s) / seconds_per_admission + 1e-9))
 
 

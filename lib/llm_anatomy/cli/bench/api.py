@@ -190,7 +190,8 @@ def format_table(out: dict) -> str:
              f"the same from a lean client (h11, no client library): {ours['server_overhead_lean_client_p50_ms']:.1f} "
              f"ms p50 (target: {'met' if out['server_overhead_lean_client_met'] else 'missed'}), of which "
              f"{ours['server_overhead_lean_client_in_handler_p50_ms']:.1f} ms in the handler",
-             f"2x overload, queue limit auto (last {ours['overload_queue_limit_after']}): p99 TTFT {ours['overload']['p99_ttft_ms']:.0f} ms against unloaded "
+             f"2x overload, queue limit auto (last {ours['overload_queue_limit_after']}): p99 TTFT "
+             f"{ours['overload']['p99_ttft_ms']:.0f} ms against unloaded "
              f"{ours['unloaded_p99_ttft_ms']:.0f} ms ({ours['overload_p99_over_unloaded_p99']:.1f}x; target <= 3x: "
              f"{'met' if out['overload_met'] else 'missed'}), {ours['overload']['refused_429']} refused"]
     theirs = out.get("transformers")
