@@ -15,7 +15,9 @@ def test_serve_is_a_command_and_binds_this_machine_only_by_default(monkeypatch):
     monkeypatch.setenv("LLM_ANATOMY_API_KEY", "from-env")
     assert serve.main(["--max-waiting", "3", "--max-batched-tokens", "none"]) == 0
     assert (seen["host"], seen["port"], seen["api_key"], seen["max_waiting"]) == ("127.0.0.1", 8000, "from-env", 3)
-    assert seen["max_batched_tokens"] is None and seen["prefix_cache"] is True
+    assert seen["max_batched_tokens"] is None and seen["prefix_cache"] is True and seen["ttft_objective_s"] is None
+    assert serve.main(["--max-waiting", "auto", "--ttft-objective-ms", "500"]) == 0
+    assert (seen["max_waiting"], seen["ttft_objective_s"]) == ("auto", 0.5)
 
 
 def test_serve_help_names_the_options():

@@ -66,3 +66,17 @@ def test_a_streamed_request_records_when_its_handler_began_and_sent_its_first_te
         assert e["received_s"] <= e["arrival_s"] <= e["first_token_s"] <= e["first_sent_s"]
     rows = server_latency(results, records)
     assert len(rows) == 2 and all(0 <= row["in_handler"] <= row["own"] for row in rows)
+
+
+def test_a_lean_client_times_the_same_stream_without_a_client_library(server, model_id):
+    from llm_anatomy.server.client import lean_stream, server_latency
+
+    results = lean_stream(server.url, model_id, [{"role": "user", "content": "Say hi."}], requests=2, max_tokens=3,
+                          api_key=KEY)
+    assert len(results) == 2 and all(r.ok and r.text and 1 <= r.output_tokens <= 3 for r in results)
+    assert all(r.name.startswith("chatcmpl-") for r in results) and results[0].name != results[1].name
+    records = {r["name"]: r for r in json.loads(server.get("/debug/requests"))["requests"]}
+    rows = server_latency(results, records)
+    assert len(rows) == 2 and all(row["own"] >= 0 and 0 <= row["in_handler"] <= row["own"] for row in rows)
+    refused = lean_stream(server.url, model_id, [{"role": "user", "content": "Hi"}], requests=1, api_key="wrong")
+    assert refused[0].status == 401 and not refused[0].ok

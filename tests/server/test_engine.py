@@ -34,7 +34,7 @@ def test_tokens_are_stamped_on_the_wall_clock_when_they_come_out(scratch_tiny):
     # the scheduler's own clock advances by its model calls only (a few ms here); the server's is the wall clock
     from llm_anatomy.serve.batching import Request
     from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.server.engine import WallClockScheduler
+    from llm_anatomy.server.scheduler import WallClockScheduler
 
     sched = WallClockScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 16, 4), 2, None, clock=lambda: 100.0)
     done = sched.run([Request([1, 2, 3, 4, 5], 3)])[0]
@@ -68,3 +68,56 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     assert texts and all(order[i + 1] in (("flush", HAND_OVER_S), "finish") for i in texts), order
     record = engine.records[-1]
     assert record["received_s"] <= record["arrival_s"] <= record["first_token_s"] <= time.monotonic() - engine.t0
+
+
+def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scratch_tiny):
+    # each token the scheduler chose is the argmax of Penalties.apply on that step's logits (the session's code),
+    # and a strong frequency penalty changes a greedy answer that repeats itself
+    import torch
+
+    from llm_anatomy.generate.penalties import Penalties
+    from llm_anatomy.serve.batching import Request
+    from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.server.scheduler import WallClockScheduler
+
+    penalties = Penalties(presence=1.5, frequency=2.0)
+
+    class Watched(WallClockScheduler):
+        def choose(self, request, logits):
+            token = super().choose(request, logits)
+            expected = int(penalties.apply(logits, request.prompt, request.output).argmax())
+            seen.append((token, expected, int(logits.argmax())))
+            return token
+
+    def run(with_penalties):
+        sched = Watched(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None, clock=lambda: 0.0)
+        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12))  # its id is set here
+        if with_penalties:
+            sched.penalties[request.id] = penalties
+        for _ in range(20):
+            if not sched.step():
+                break
+        return request.output
+
+    seen = []
+    plain = run(False)
+    assert all(token == greedy for token, _, greedy in seen)  # no penalties: the raw argmax
+    seen = []
+    penalized = run(True)
+    assert all(token == expected for token, expected, _ in seen)
+    assert len(set(penalized)) > len(set(plain)) or penalized != plain
+    assert torch.is_tensor(penalties.apply(torch.zeros(8), [1], [2]))  # the session's helper, unchanged
+
+
+def test_a_queue_limit_of_0_takes_a_request_that_a_free_slot_will_take_and_refuses_the_next(scratch_tiny,
+                                                                                          reference_tokenizer):
+    # what --max-waiting auto gives when the objective leaves no time to wait: nobody queues, but the slots fill
+    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.server.schemas import APIError
+
+    engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=0)
+    for _ in range(2):  # two free slots (the engine is not started: nothing is admitted yet)
+        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+    with pytest.raises(APIError) as refused:
+        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+    assert refused.value.status == 429 and engine.waiting == 2

@@ -39,6 +39,8 @@ def _chat(model_id, **fields):
     ("MODEL top_p 0", 400, "top_p"),
     ("MODEL temperature '0.5'", 400, "temperature"),  # a string is not a number
     ("MODEL frobnicate 1", 400, "frobnicate"),  # a field the API does not have
+    ("MODEL presence_penalty 2.5", 400, "presence_penalty"),  # OpenAI's range is -2 .. 2
+    ("MODEL frequency_penalty -3", 400, "frequency_penalty"),
     ("NOMODEL", 404, "model"),
 ])
 def test_a_bad_request_gets_the_apis_error_body_and_leaves_the_engine_untouched(server, model_id, body, status, param):
@@ -117,7 +119,9 @@ def test_the_queue_limit_can_be_changed_and_a_bad_one_is_refused(server):
         reply = httpx.put(server.root + "/debug/max-waiting", content=bad, timeout=10,
                           headers={"Authorization": f"Bearer {KEY}"})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_waiting"
-    for limit in (None, 1):
+    for limit in ("auto", None, 1):  # ends on the fixture's own limit
         reply = httpx.put(server.root + "/debug/max-waiting", json={"max_waiting": limit}, timeout=10,
                           headers={"Authorization": f"Bearer {KEY}"})
         assert reply.status_code == 200 and reply.json() == {"max_waiting": limit}
+        in_force = json.loads(server.get("/debug/requests"))["queue_limit"]
+        assert in_force == limit if limit != "auto" else isinstance(in_force, int) and in_force >= 0

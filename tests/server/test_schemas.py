@@ -27,13 +27,20 @@ def test_a_good_request_reads_with_the_apis_defaults():
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, ChatRequest)
     assert parts.messages[0].text() == "ab"
     assert schemas.parse_request({"model": "m", "prompt": [1, 2]}, CompletionRequest).prompt == [1, 2]
+    assert (req.presence_penalty, req.frequency_penalty) == (0.0, 0.0)  # OpenAI's defaults: off
+    both = schemas.parse_request({**CHAT, "presence_penalty": -2, "frequency_penalty": 1.5}, ChatRequest)
+    assert (both.presence_penalty, both.frequency_penalty) == (-2, 1.5)
 
 
 @pytest.mark.parametrize("extra, param", [({"temperature": -1}, "temperature"), ({"temperature": 2.5}, "temperature"),
                                           ({"temperature": float("nan")}, "temperature"), ({"top_p": 0}, "top_p"),
                                           ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": "5"}, "max_tokens"),
                                           ({"stop": [""]}, "stop"), ({"stop": ["a"] * 5}, "stop"), ({"n": 2}, "n"),
-                                          ({"top_logprobs": 2}, None), ({"top_k": -3}, None), ({"color": 1}, "color")])
+                                          ({"top_logprobs": 2}, None), ({"top_k": -3}, None), ({"color": 1}, "color"),
+                                          ({"presence_penalty": 2.5}, "presence_penalty"),
+                                          ({"frequency_penalty": -3}, "frequency_penalty"),
+                                          ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+                                          ({"presence_penalty": "1"}, "presence_penalty")])
 def test_each_bad_field_is_named_in_one_clear_sentence(extra, param):
     err = _refusal({**CHAT, **extra})
     assert err.param == param or (param is None and err.param is None)

@@ -2,6 +2,7 @@
 
     python -m llm_anatomy serve                          # http://127.0.0.1:8000/v1, the default model, no key
     python -m llm_anatomy serve --port 8001 --max-waiting 16
+    python -m llm_anatomy serve --max-waiting auto --ttft-objective-ms 500   # the queue sized from the objective
     LLM_ANATOMY_API_KEY=secret python -m llm_anatomy serve   # every route but /health wants "Bearer secret"
 
 Then any OpenAI client talks to it: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="secret").
@@ -19,6 +20,10 @@ def _count(text: str):
     return None if text.lower() == "none" else int(text)
 
 
+def _limit(text: str):
+    return "auto" if text.lower() == "auto" else _count(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llm_anatomy serve", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -33,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16, help="positions per KV block")
     p.add_argument("--max-batched-tokens", type=_count, default=256,
                    help="tokens per engine step, decodes first, then prompt chunks ('none': whole prompts)")
-    p.add_argument("--max-waiting", type=_count, default=None,
-                   help="requests that may wait for a slot; more get 429 (default: no limit)")
+    p.add_argument("--max-waiting", type=_limit, default=None,
+                   help="requests that may wait for a slot; more get 429 (default: no limit). 'auto': the longest "
+                        "queue whose drain at the measured service rate fits the TTFT objective (Little's law)")
+    p.add_argument("--ttft-objective-ms", type=float, default=None,
+                   help="the TTFT objective of --max-waiting auto (default: 3x the shortest recent prefill)")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
@@ -52,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     run(args.host, args.port, log=lambda m: print(m, file=sys.stderr, flush=True), model=args.model,
         device=args.device, max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
         max_batched_tokens=args.max_batched_tokens, prefix_cache=not args.no_prefix_cache,
-        max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_waiting, ttft_objective_s=None if args.ttft_objective_ms is None else
+        args.ttft_objective_ms / 1e3, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens)
     return 0

@@ -6,7 +6,7 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
-    PUT  /debug/max-waiting     {"max_waiting": 4} or null: change the queue's limit (notebook 11 compares the two)
+    PUT  /debug/max-waiting     {"max_waiting": 4}, "auto" or null: change the queue's limit (notebook 11, bench api)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
@@ -31,8 +31,10 @@ from starlette.routing import Route
 
 from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
+from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from . import schemas
+from .sizing import check_max_waiting
 from .schemas import APIError, ChatRequest, CompletionRequest
 
 
@@ -130,21 +132,25 @@ class Server:
         return Response(self.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def records(self, request):
-        return JSONResponse({"clock": self.engine.clock(), "requests": list(self.engine.records)})
+        return JSONResponse({"clock": self.engine.clock(), "queue_limit": self.engine.queue_limit(),
+                             "requests": list(self.engine.records)})
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))
         limit = body.get("max_waiting", "missing")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise APIError(400, f"max_waiting must be null (no limit) or a whole number >= 0, not {limit!r}.",
-                           param="max_waiting")
+        try:
+            check_max_waiting(limit)
+        except CourseError:
+            raise APIError(400, f"max_waiting must be null (no limit), a whole number >= 0 or \"auto\", not "
+                                f"{limit!r}.", param="max_waiting") from None
         self.engine.max_waiting = limit
         return JSONResponse({"max_waiting": limit})
 
     # ---- the completions ----------------------------------------------------------------------------------------
     async def chat(self, request):
-        received = self.engine.clock()
-        req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)), ChatRequest)
+        body = await read_body(request, self.max_body_bytes)  # the client may send it after the headers: its time
+        received = self.engine.clock()  # the server's own work starts with the whole request in hand
+        req = schemas.parse_request(schemas.parse_json(body), ChatRequest)
         self._check_model(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = chat_prompt_ids(self.engine.tokenizer, messages)[0].tolist()  # the model's own chat template
@@ -153,9 +159,9 @@ class Server:
                                  req.max_completion_tokens or req.max_tokens, received)
 
     async def completion(self, request):
+        body = await read_body(request, self.max_body_bytes)
         received = self.engine.clock()
-        req = schemas.parse_request(schemas.parse_json(await read_body(request, self.max_body_bytes)),
-                                    CompletionRequest)
+        req = schemas.parse_request(schemas.parse_json(body), CompletionRequest)
         self._check_model(req)
         ids = req.prompt if isinstance(req.prompt, list) else self.engine.tokenizer(req.prompt)["input_ids"]
         if max(ids) >= self.engine.model.cfg.vocab_size:
@@ -189,6 +195,7 @@ class Server:
         max_tokens = self._limits(len(ids), max_tokens)
         top_k = None if req.top_k in (None, 0, -1) else req.top_k
         sampling = SamplingSettings(req.temperature, top_k, req.top_p, req.min_p)
+        penalties = Penalties(presence=req.presence_penalty, frequency=req.frequency_penalty)  # checked: 400 if bad
         seed = req.seed if req.seed is not None else random.getrandbits(63)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
@@ -198,7 +205,7 @@ class Server:
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         live = self.engine.submit(ids, max_tokens, sampling, seed, req.stops(), top_logprobs, put, name=name,
-                                  received_s=received)
+                                  received_s=received, penalties=penalties)
         reply = _Reply(name, int(time.time()), self.name, kind, len(ids))
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",

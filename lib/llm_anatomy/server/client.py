@@ -139,10 +139,64 @@ def run_load(url: str, model: str, prompts: list[list[dict]], *, requests: int =
                                               max_tokens, seed, timeout_s, extra)).result(timeout_s + 30)
 
 
+def lean_stream(url: str, model: str, messages: list[dict], *, requests: int = 12, max_tokens: int = 4,
+                api_key: str | None = None, timeout_s: float = 60.0) -> list[Result]:
+    """Streamed greedy chat requests one at a time over one kept-alive connection, written and read with h11 (the HTTP
+    library under uvicorn and httpx) and nothing else: a client that does no other work, so that its TTFT minus the
+    engine's is the server's own latency and the loopback's, without a client library's own (the `openai` client
+    builds the request and a pydantic model per chunk). Each chunk is stamped when its bytes came, before it is
+    parsed. Results as run_load's (client clock, seconds from the first request); at most `requests`, within
+    timeout_s."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    import h11
+
+    where = urlsplit(url)
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    headers = [("host", where.netloc), ("content-type", "application/json"), ("content-length", str(len(body)))]
+    headers += [("authorization", f"Bearer {api_key}")] if api_key else []
+    request = h11.Request(method="POST", target=where.path.rstrip("/") + "/chat/completions", headers=headers)
+    results, t0 = [], time.monotonic()
+    with socket.create_connection((where.hostname, where.port or 80), timeout=timeout_s) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the request goes out whole, at once
+        conn = h11.Connection(h11.CLIENT)
+        for _ in range(requests):
+            if time.monotonic() - t0 > timeout_s:
+                break
+            result, pending = Result(time.monotonic() - t0), b""
+            sock.sendall(conn.send(request) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+            while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(65536))
+                elif isinstance(event, h11.Response):
+                    result.status = event.status_code
+                elif isinstance(event, h11.Data):
+                    now, pending = time.monotonic() - t0, pending + bytes(event.data)
+                    *frames, pending = pending.split(b"\n\n")
+                    for frame in frames:
+                        if not frame.startswith(b"data: {"):  # [DONE], or not an event
+                            continue
+                        chunk = json.loads(frame[6:])
+                        result.name = chunk.get("id", result.name)
+                        text = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+                        if text:
+                            result.chunk_times_s.append(now)
+                            result.text += text
+                        if chunk.get("usage"):
+                            result.output_tokens = chunk["usage"]["completion_tokens"]
+            result.done_s = time.monotonic() - t0
+            results.append(result)
+            conn.start_next_cycle()
+    return results
+
+
 def server_latency(results: list[Result], records: dict) -> list[dict]:
     """Where each served request's time between the two TTFTs went, seconds (measure/timing.py defines both):
     own: client TTFT - engine TTFT, the server's own latency; in_handler: the part the server's handler timed itself
-    (from its start to the request's arrival at the engine: reading, checking, the chat template; and from the first
+    (from the whole body in hand to the request's arrival at the engine: checking, the chat template; and from the first
     token to its chunk handed to the web server: the hand-over); outside: the rest (the client's own work, the
     loopback, the web server's HTTP parsing and writing). records: the engine's, by the id the client saw
     (GET /debug/requests); requests without a record, or streamed without text, are left out."""

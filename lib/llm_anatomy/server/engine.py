@@ -36,12 +36,14 @@ from dataclasses import dataclass, field
 
 from ..errors import CourseError
 from ..generate.chat import end_of_turn_ids
+from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
-from ..serve.scheduler import ContinuousScheduler
+from .scheduler import WallClockScheduler
 from .schemas import APIError
+from .sizing import QueueSizer, check_max_waiting
 
 HAND_OVER_S = 0.005  # the longest the engine waits for the event loop to send a step's tokens (seconds)
 
@@ -59,22 +61,6 @@ def admission(waiting: int, limit: int | None, seconds_per_admission: float) -> 
     return False, max(1, math.ceil((waiting - limit + 1) * seconds_per_admission))
 
 
-class WallClockScheduler(ContinuousScheduler):
-    """The course's scheduler on a server's wall clock: a token's time is when it came out of its step.
-
-    clock(): seconds on the engine's clock. The scheduler's own clock advances by its model calls only (notebook 08);
-    here it is also moved on to the wall clock as each token comes out, so the time spent between the calls
-    (admitting, planning the blocks, choosing the tokens) is in the request's times too."""
-
-    def __init__(self, *args, clock, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.clock = clock
-
-    def emit(self, request: Request, token: int) -> None:
-        self.now = max(self.now, self.clock())
-        super().emit(request, token)
-
-
 @dataclass(eq=False)
 class Live:
     """A request in flight as the server sees it: the scheduler's Request, the text so far, where its events go."""
@@ -88,8 +74,9 @@ class Live:
     finish: str | None = None  # "stop", "length", "cancelled", "error"
     admitted: bool = False  # counted out of the waiting requests
     pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
-    received_s: float | None = None  # when its HTTP handler began (engine clock): before reading, checking, template
+    received_s: float | None = None  # when its HTTP handler had the whole body (engine clock): before checking it
     first_sent_s: float | None = None  # when its handler gave the first chunk with text to the web server
+    penalties: Penalties | None = None  # presence / frequency penalties, when the request set any
 
 
 class EngineLoop:
@@ -97,15 +84,16 @@ class EngineLoop:
 
     model: a ScratchLlama; tokenizer: its transformers tokenizer (the chat template, decode). The pool holds
     kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
-    max_waiting: requests that may wait for a slot (None: no limit); metrics: a server.metrics.Metrics, or None.
+    max_waiting: requests that may wait for a slot (None: no limit; "auto": sized from ttft_objective_s, seconds, or
+    by default 3x the shortest recent prefill, by Little's law: sizing.py); metrics: a server.metrics.Metrics, or None.
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 8, kv_blocks: int = 512, block_size: int = 16,
-                 max_batched_tokens: int | None = 256, prefix_cache: bool = True, max_waiting: int | None = None,
+                 max_batched_tokens: int | None = 256, prefix_cache: bool = True,
+                 max_waiting: int | str | None = None, ttft_objective_s: float | None = None,
                  metrics=None, keep_records: int = 2000):
-        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
-                                        or max_waiting < 0):
-            raise CourseError(f"max_waiting must be None (no limit) or a whole number >= 0, not {max_waiting!r}.")
+        check_max_waiting(max_waiting)
+        self.sizer = QueueSizer(ttft_objective_s)  # max_waiting "auto": the limit sized from the TTFT objective
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
         self.scheduler = WallClockScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
                                             clock=self.clock)
@@ -145,17 +133,27 @@ class EngineLoop:
         times = list(self.admissions)
         return (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 4 and times[-1] > times[0] else 1.0
 
+    def queue_limit(self) -> int | None:
+        """The queue's limit now: max_waiting, or with "auto" the one sized from the TTFT objective (sizing.py)."""
+        return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
+
     def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
-               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None) -> Live:
+               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None,
+               penalties: Penalties | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        received_s: when its handler began (engine clock), for the record of where the server's time went."""
+        received_s: when its handler had the whole body (engine clock), for the record of where the server's time
+        went;
+        penalties: a generate.penalties.Penalties (None: none)."""
+        if penalties is not None and not isinstance(penalties, Penalties):
+            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
         request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
                           top_logprobs=top_logprobs)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
             queued = max(0, self._unadmitted - free_slots)
-            ok, retry_after = admission(queued, self.max_waiting, self.seconds_per_admission())
+            ok, retry_after = (True, 0) if self._unadmitted < free_slots else \
+                admission(queued, self.queue_limit(), self.seconds_per_admission())  # a free slot: it never waits
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
@@ -165,7 +163,7 @@ class EngineLoop:
             self._unadmitted += 1
         request.arrival_s = self.clock()
         live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
-                    received_s=received_s)
+                    received_s=received_s, penalties=penalties if penalties is not None and penalties.active else None)
         self._inbox.put(("submit", live))
         return live
 
@@ -190,7 +188,9 @@ class EngineLoop:
                     break
             for kind, live in commands:
                 if kind == "submit":
-                    sched.submit(live.request)
+                    sched.submit(live.request)  # gives it its id
+                    if live.penalties is not None:
+                        sched.penalties[live.request.id] = live.penalties
                     self._live[live.request.id] = live
                 elif kind == "cancel" and live.finish is None:
                     self._end(live, "cancelled")
@@ -219,8 +219,11 @@ class EngineLoop:
             for i in range(live.sent, len(r.output)):
                 live.sent = i + 1
                 token = r.output[i]
-                if i == 0 and self.metrics is not None:
-                    self.metrics.first_token(r)
+                if i == 0:
+                    if r.admitted_s is not None:
+                        self.sizer.prefilled(r.token_times[0] - r.admitted_s)
+                    if self.metrics is not None:
+                        self.metrics.first_token(r)
                 if token in self.end_ids:  # the end of the turn: not shown
                     live.sent = i  # nor counted as an answer's token
                     self._emit(live, self._rest(live), last=True)
@@ -267,6 +270,7 @@ class EngineLoop:
         r = live.request
         if reason != "length":
             self.scheduler.cancel(r.id)
+        self.scheduler.penalties.pop(r.id, None)
         if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
             self._admitted(live)
         live.finish = reason

@@ -43,7 +43,8 @@ def free_port() -> int:
 
 def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, kv_blocks: int = 512,
           block_size: int = 16, max_batched_tokens: int | None = 256, prefix_cache: bool = True,
-          max_waiting: int | None = None, api_key: str | None = None, max_body_bytes: int = 1 << 20,
+          max_waiting: int | str | None = None, ttft_objective_s: float | None = None, api_key: str | None = None,
+          max_body_bytes: int = 1 << 20,
           default_max_tokens: int = 256):
     """A Server (app.py) on an EngineLoop over the from-scratch model (fp32 on a CPU), warmed up, not yet started."""
     import torch
@@ -60,7 +61,8 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
     metrics = Metrics()
     engine = EngineLoop(ScratchLlama.from_hf(loaded.model), loaded.tokenizer, max_batch=max_batch,
                         kv_blocks=kv_blocks, block_size=block_size, max_batched_tokens=max_batched_tokens,
-                        prefix_cache=prefix_cache, max_waiting=max_waiting, metrics=metrics)
+                        prefix_cache=prefix_cache, max_waiting=max_waiting,
+                        ttft_objective_s=ttft_objective_s, metrics=metrics)
     engine.scheduler.run([Request([1, 2, 3, 4, 5], 3)])  # the first calls pay for allocation: not a client
     engine.scheduler.finished.clear()
     chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "hello"}])  # so does the chat template's
@@ -68,9 +70,18 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
                   default_max_tokens=default_max_tokens)
 
 
+SWITCH_INTERVAL_S = 0.0005  # how long a thread may keep the interpreter lock while another one waits for it
+
+
 def run(host: str = "127.0.0.1", port: int = 8000, log=print, **options) -> None:
-    """Serve until interrupted (Ctrl+C): build(**options), then uvicorn on host:port."""
+    """Serve until interrupted (Ctrl+C): build(**options), then uvicorn on host:port.
+
+    The engine thread and the event loop share one interpreter lock; Python's default switch interval (5 ms) lets a
+    busy engine step keep a handler that has a token to write waiting up to 5 ms each time it wants the lock, which is
+    the server's own latency. SWITCH_INTERVAL_S makes that wait a tenth as long, for a little more switching."""
     import uvicorn
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     server = build(**options)
     engine = server.engine

@@ -1,0 +1,76 @@
+"""How many requests a server may keep waiting: the queue limit sized from a TTFT objective (`--max-waiting auto`).
+
+A request that joins the queue behind `q` others gets a batch slot after q + 1 admissions, so it waits about
+(q + 1) x the seconds between admissions, and then its own prefill comes. Little's law says the same for the whole
+queue: the requests waiting = the rate they leave it x how long each waits. So the longest queue whose drain time at the
+measured service rate still fits the objective is
+
+    limit = floor((ttft_objective - prefill) / seconds_per_admission)
+
+and a request beyond it is better refused at once (429 with Retry-After) than admitted to a TTFT past the objective.
+The objective is given (`--ttft-objective-ms`), or by default OBJECTIVE_FACTOR x the shortest prefill the server has
+timed lately (arrival at a slot to the first token, the least loaded it has been): "within 3x of the unloaded TTFT".
+The two measured figures move with the load, so the limit is recomputed at every admission decision; a service rate
+measured while arrivals were slow (or after an idle spell) is low, which only makes the limit smaller.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from ..errors import CourseError
+
+OBJECTIVE_FACTOR = 3.0  # the default TTFT objective: this many times the shortest recent prefill
+
+
+def queue_limit(ttft_objective_s: float, prefill_s: float, seconds_per_admission: float) -> int:
+    """The most requests that may wait for a slot so that the last one admitted still has its first token within
+    ttft_objective_s (seconds): floor((objective - prefill) / seconds_per_admission), at least 0 (0: queue nobody,
+    take a request only when a slot is free for it)."""
+    for name, value in (("ttft_objective_s", ttft_objective_s), ("prefill_s", prefill_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise CourseError(f"{name} must be a finite number of seconds >= 0, not {value!r}.")
+    if isinstance(seconds_per_admission, bool) or not isinstance(seconds_per_admission, (int, float)) \
+            or not 0 < seconds_per_admission < math.inf:
+        raise CourseError(f"seconds_per_admission must be a finite number of seconds > 0, not "
+                          f"{seconds_per_admission!r}.")
+    return max(0, math.floor((ttft_objective_s - prefill_s) / seconds_per_admission + 1e-9))
+
+
+def check_max_waiting(limit) -> None:
+    """Raise a CourseError unless limit is None (no limit), a whole number >= 0, or "auto" (server/sizing.py)."""
+    if limit is not None and limit != "auto" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise CourseError(f"max_waiting must be None (no limit), a whole number >= 0 or \"auto\", not {limit!r}.")
+
+
+class QueueSizer:
+    """The engine's `--max-waiting auto`: remembers recent prefill times and sizes the limit from them.
+
+    ttft_objective_s: the objective in seconds, or None for OBJECTIVE_FACTOR x the shortest recent prefill."""
+
+    def __init__(self, ttft_objective_s: float | None = None, keep: int = 32):
+        if ttft_objective_s is not None and (isinstance(ttft_objective_s, bool) or not isinstance(
+                ttft_objective_s, (int, float)) or not 0 < ttft_objective_s < math.inf):
+            raise CourseError(f"The TTFT objective must be a finite number of seconds > 0 (or None), not "
+                              f"{ttft_objective_s!r}.")
+        self.ttft_objective_s = ttft_objective_s
+        self.prefills: deque[float] = deque(maxlen=keep)  # seconds from a slot to the first token, recent requests
+
+    def prefilled(self, seconds: float) -> None:
+        """Note one request's time from its admission to its first token (seconds)."""
+        if seconds >= 0:
+            self.prefills.append(seconds)
+
+    def objective_s(self) -> float | None:
+        """The TTFT objective in force (seconds), None until a prefill has been timed when none was given."""
+        if self.ttft_objective_s is not None:
+            return self.ttft_objective_s
+        return OBJECTIVE_FACTOR * min(self.prefills) if self.prefills else None
+
+    def limit(self, seconds_per_admission: float) -> int:
+        """The queue limit now (0 until the server has timed a prefill: nothing to size it from yet)."""
+        objective = self.objective_s()
+        if objective is None:
+            return 0
+        return queue_limit(objective, min(self.prefills) if self.prefills else 0.0, seconds_per_admission)
