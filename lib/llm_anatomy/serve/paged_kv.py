@@ -37,6 +37,13 @@ def blocks_for(positions: int, block_size: int) -> int:
     return -(-positions // block_size)
 
 
+def slot_mapping(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each position's slot in the pool, counted flat over the blocks (vLLM's slot_mapping): position p of row r
+    lives in physical block tables[r, p // block_size] at offset p % block_size, slot block x block_size + offset.
+    tables: [rows, blocks] block ids; positions: [rows, width] positions >= 0. Returns [rows, width] (long)."""
+    return tables.gather(1, positions // block_size) * block_size + positions % block_size
+
+
 class BlockAllocator:
     """Hands out block ids 0 .. num_blocks - 1 from a free list and counts who holds each block."""
 
@@ -167,7 +174,8 @@ class RaggedPagedView:
         table_width = max(len(t) for t in tables)
         table = torch.tensor([t + t[:1] * (table_width - len(t)) for t in tables], device=device)  # [rows, blocks]
         pos = pos.clamp(min=0)
-        self.block_ids, self.slots = table.gather(1, pos // size), pos % size  # [rows, width] each
+        flat = slot_mapping(table, pos, size)  # [rows, width] each position's slot in the pool
+        self.block_ids, self.slots = flat // size, flat % size  # [rows, width] each: block, offset in it
         real_new = cols[self.length:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
         self.write_rows, self.write_cols = real_new.nonzero(as_tuple=True)  # [written] each
         self.write_blocks = self.block_ids[:, self.length:][real_new]  # [written]
