@@ -13,7 +13,7 @@ solutions = load_solutions("ch08")
 
 def test_solutions_pass():
     for verdict in (ch08.check_allocator(solutions.MyAllocator), ch08.check_admission(solutions.admit),
-                    ch08.check_block_keys(solutions.block_keys)):
+                    ch08.check_block_keys(solutions.block_keys), ch08.check_slot_mapping(solutions.slot_mapping)):
         assert verdict.passed, verdict
 
 
@@ -115,3 +115,41 @@ def test_block_key_mistakes_get_specific_hints():
     not_yet(ch08.check_block_keys(whole_prompt), "share those 3 keys")
     not_yet(ch08.check_block_keys(lambda t, b: "abc"), "list")
     not_yet(ch08.check_block_keys(unattempted), "not attempted")
+
+
+# --------------------------------------------------------------------------- 8.4 the slot mapping
+
+
+def _slots(slot):
+    """A slot mapping that computes each slot with `slot(table, p, size)`, request by request."""
+    return lambda tables, positions, size: [slot(t, p, size) for t, ps in zip(tables, positions) for p in ps]
+
+
+def test_slot_mapping_mistakes_are_named():
+    not_yet(ch08.check_slot_mapping(_slots(lambda t, p, b: (p // b) * b + p % b)), "logical block", "block table")
+    not_yet(ch08.check_slot_mapping(_slots(lambda t, p, b: t[p % b] * b + p // b)), "swapped")
+    not_yet(ch08.check_slot_mapping(_slots(lambda t, p, b: t[p // b] * b + p % b + 1)), "off by one on the block offset")
+    not_yet(ch08.check_slot_mapping(_slots(lambda t, p, b: t[(p - 1) // b] * b + (p - 1) % b)), "positions count "
+                                                                                                 "from 0")
+    not_yet(ch08.check_slot_mapping(_slots(lambda t, p, b: t[p // b] + p % b)), "multiply the physical block")
+
+    def list_index(tables, positions, size):
+        return [t[i // size] * size + i % size for t, ps in zip(tables, positions) for i in range(len(ps))]
+
+    def first_table(tables, positions, size):
+        return [tables[0][p // size] * size + p % size for ps in positions for p in ps]
+
+    not_yet(ch08.check_slot_mapping(list_index), "own value, not its index")
+    not_yet(ch08.check_slot_mapping(first_table), "its own block table")
+    not_yet(ch08.check_slot_mapping(lambda tables, positions, size: [0]), "one each")
+    not_yet(ch08.check_slot_mapping(lambda tables, positions, size: None), "None")
+    not_yet(ch08.check_slot_mapping(unattempted), "not attempted")
+
+
+def test_the_engines_slots_are_where_the_view_writes_and_the_solution_agrees():
+    from llm_anatomy.exercises.ch08_slots import _iterations, engine_slots
+
+    cases = list(_iterations(seed=84))
+    assert {size for _, _, size, *_ in cases} == {2, 3, 4, 16} and any(max(n) > 1 for *_, n, _ in cases)
+    for tables, positions, size, lengths, news, blocks in cases:
+        assert engine_slots(tables, lengths, news, size, blocks) == solutions.slot_mapping(tables, positions, size)

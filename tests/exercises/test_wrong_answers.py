@@ -156,6 +156,26 @@ def test_8_3_block_keys_is_refused():
     not_yet(ch08.check_block_keys(lambda tokens, size: block_keys(tokens, size)), "don't call", "block_keys")
 
 
+def test_8_4_the_librarys_slot_mapping_and_the_engines_view_are_refused():
+    import torch
+
+    from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView, slot_mapping
+
+    def through_the_library(tables, positions, size):
+        width = max(len(t) for t in tables)
+        padded = torch.tensor([t + t[:1] * (width - len(t)) for t in tables])  # [rows, blocks]
+        return [s for row, ps in enumerate(positions) for s in slot_mapping(padded[row:row + 1], torch.tensor([ps]),
+                                                                             size)[0].tolist()]
+
+    def through_the_view(tables, positions, size):
+        pool = PagedKVPool(1, 1 + max(b for t in tables for b in t), size, kv_heads=1, head_dim=1)
+        view = RaggedPagedView(pool, tables, [ps[0] for ps in positions], [len(ps) for ps in positions])
+        return (view.write_blocks * size + view.write_slots).tolist()
+
+    not_yet(ch08.check_slot_mapping(through_the_library), "don't call", "slot_mapping")
+    not_yet(ch08.check_slot_mapping(through_the_view), "don't call", "RaggedPagedView")
+
+
 def test_8_1_the_librarys_allocator_is_refused():
     from llm_anatomy.serve.paged_kv import BlockAllocator
 
@@ -534,6 +554,7 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch07.check_decode_work, lambda check, a: check(a)), (ch07.check_step_bounds, lambda check, a: check(a)),
     (ch07.check_predict_step, lambda check, a: check(a)),
     (ch08.check_admission, lambda check, a: check(a)), (ch08.check_block_keys, lambda check, a: check(a)),
+    (ch08.check_slot_mapping, lambda check, a: check(a)),
     (ch09.check_quantize_q4_1_block, lambda check, a: check(a)),
     (ch09.check_int8_per_channel, lambda check, a: check(a, a)),
     (ch09.check_greedy_verify, lambda check, a: check(a)),

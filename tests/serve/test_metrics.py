@@ -9,7 +9,8 @@ import pytest
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.claims import ClaimFailed
-from llm_anatomy.serve.metrics import (SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, claim_paged_holds_real_tokens,
+from llm_anatomy.serve.metrics import (SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, claim_continuous_frees_rows,
+                                      claim_paged_holds_real_tokens, rows_held_when_done_s,
                                       poisson_trace, serving_metrics, sharegpt_like_lengths, simulate_utilisation)
 
 
@@ -109,3 +110,43 @@ def test_c14_fails_when_the_requests_are_too_short_to_fill_a_block_or_as_long_as
         claim_paged_holds_real_tokens([1] * 1000, 2048)
     with pytest.raises(ClaimFailed, match="C14 NOT shown"):  # every request at the limit: reserving wastes nothing
         claim_paged_holds_real_tokens([2048] * 1000, 2048)
+
+
+# --------------------------------------------------------------------------- C15 on one trace, static vs continuous
+
+
+def _served(rows):
+    """Requests with (output, token times, released) as given; each arrived at 0 and finished at its last token."""
+    out = []
+    for output, times, released in rows:
+        r = Request([5], len(output))
+        r.output, r.token_times, r.finished_s, r.released_s = list(output), list(times), times[-1], released
+        out.append(r)
+    return out
+
+
+STATIC = [([1, 2], [1.0, 2.0], 4.0), ([3, 4, 5, 6], [1.0, 2.0, 3.0, 4.0], 4.0)]  # the short one keeps its row 2 s
+CONTINUOUS = [([1, 2], [1.0, 2.0], 2.0), ([3, 4, 5, 6], [1.0, 1.5, 2.0, 2.5], 2.5)]
+
+
+def test_c15_on_one_trace_reads_every_figure_from_the_runs():
+    verdict = str(claim_continuous_frees_rows(_served(STATIC), _served(CONTINUOUS)))
+    assert "C15 holds" in verdict and "2.00 s in all under static batching, 0.00 s under continuous" in verdict
+    assert "1.60x the tokens/s" in verdict  # 6 tokens in 2.5 s against 6 in 4 s
+    assert rows_held_when_done_s(_served(STATIC)) == 2.0
+
+
+def test_c15_on_one_trace_fails_when_a_finished_request_keeps_its_continuous_row():
+    kept = [CONTINUOUS[0][:2] + (2.5,), CONTINUOUS[1]]  # done at 2.0 s, its row given back at 2.5 s
+    with pytest.raises(ClaimFailed, match="0.50 s under continuous"):
+        claim_continuous_frees_rows(_served(STATIC), _served(kept))
+
+
+def test_c15_on_one_trace_fails_on_other_tokens_no_held_static_row_or_no_gain():
+    with pytest.raises(ClaimFailed, match="all 2 requests: False"):
+        claim_continuous_frees_rows(_served(STATIC), _served([([1, 9], *CONTINUOUS[0][1:]), CONTINUOUS[1]]))
+    with pytest.raises(ClaimFailed, match="0.00 s in all under static"):  # static batching held nothing: no evidence
+        claim_continuous_frees_rows(_served([STATIC[0][:2] + (2.0,), STATIC[1]]), _served(CONTINUOUS))
+    slow = [([1, 2], [1.0, 5.0], 5.0), ([3, 4, 5, 6], [1.0, 2.0, 3.0, 6.0], 6.0)]  # 6 tokens in 6 s, not in 4 s
+    with pytest.raises(ClaimFailed, match="0.67x the tokens/s"):
+        claim_continuous_frees_rows(_served(STATIC), _served(slow))

@@ -8,7 +8,7 @@ import torch
 from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for
+from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for, slot_mapping
 from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.model.scratch import ScratchLlama
 
@@ -89,6 +89,15 @@ def test_blocks_for_is_the_fewest_blocks_that_hold_the_positions():
         for n in range(0, 40):
             b = blocks_for(n, size)
             assert b * size >= n and (b == 0 or (b - 1) * size < n), (n, size, b)
+
+
+def test_the_slot_mapping_by_hand_and_where_the_view_writes():
+    tables = torch.tensor([[3, 1], [0, 2]])  # [rows, blocks] two requests' block tables, blocks of 4
+    slots = slot_mapping(tables, torch.tensor([[0, 5], [3, 4]]), 4)
+    assert slots.tolist() == [[12, 5], [3, 8]]  # 0 -> block 3, offset 0; 5 -> block 1, offset 1; 3 -> 0.3; 4 -> 2.0
+    pool = PagedKVPool(1, 4, 4, kv_heads=1, head_dim=1)
+    view = RaggedPagedView(pool, [[3, 1], [0, 2]], lengths=[5, 3], news=[1, 2])  # writes 5; and 3, 4
+    assert (view.write_blocks * 4 + view.write_slots).tolist() == [5, 3, 8]
 
 
 def test_the_pool_hands_out_blocks_all_or_none(tiny):

@@ -50,3 +50,12 @@ def block_keys(tokens, block_size):
         parent = hashlib.sha256((parent + str(tokens[start:start + block_size])).encode()).hexdigest()
         keys.append(parent)
     return keys
+
+
+def slot_mapping(block_tables, positions, block_size):
+    """Exercise 8.4: the pool slot of each new position, request by request (vLLM's slot_mapping)."""
+    slots = []
+    for table, request_positions in zip(block_tables, positions):
+        for p in request_positions:
+            slots.append(table[p // block_size] * block_size + p % block_size)
+    return slots

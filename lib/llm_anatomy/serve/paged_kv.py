@@ -19,10 +19,9 @@ Blocks can be shared. fork() gives a new sequence the same block table and raise
 reference count, so a common prompt is stored once; a sequence about to write into a block that
 another still holds first copies it (copy-on-write). This is the idea of vLLM's PagedAttention.
 
-One reader of the pool: `RaggedPagedView`, one model call over rows of any lengths (the scheduler makes one per
-iteration; `PagedSequenceCache`, a batch of equal-length sequences, makes one per step). Attention is unchanged:
-the view gathers each row's blocks into one `[rows, kv_heads, length, head_dim]` tensor, a copy that a real paged
-attention kernel avoids. Every block is handed out by `PagedKVPool.allocate`, all or none.
+One reader of the pool, `RaggedPagedView` (made per iteration by the scheduler, per step by PagedSequenceCache),
+gathers each row's blocks into one `[rows, kv_heads, length, head_dim]` tensor for attention: a copy that
+paged_attention.py shows how to avoid. `PagedKVPool.allocate` hands out every block, all or none.
 """
 
 from __future__ import annotations
@@ -35,6 +34,12 @@ from ..errors import CourseError
 def blocks_for(positions: int, block_size: int) -> int:
     """Blocks that hold `positions` positions: ceil(positions / block_size)."""
     return -(-positions // block_size)
+
+
+def slot_mapping(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Each position's slot in the pool, flat over the blocks (vLLM's slot_mapping): block tables[r, p // block_size]
+    x block_size + p % block_size. tables: [rows, blocks]; positions: [rows, width] >= 0. Returns [rows, width]."""
+    return tables.gather(1, positions // block_size) * block_size + positions % block_size
 
 
 class BlockAllocator:
@@ -76,9 +81,7 @@ class BlockAllocator:
         if self._refs[block] == 0:
             self._free.append(block)
 
-    def free(self, block: int) -> None:
-        """Let go of `block`: the same as decref, so a block shared by others stays in use."""
-        self.decref(block)
+    free = decref  # let go of a block: one holder less, so a block shared by others stays in use
 
     def _check(self, block: int, in_use: bool = False) -> None:
         if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < self.num_blocks:
@@ -146,12 +149,11 @@ class PagedKVPool:
 class RaggedPagedView:
     """One model call over rows of different lengths in a PagedKVPool: the cache interface ScratchLlama expects.
 
-    Row i has `lengths[i]` positions cached in the blocks of `tables[i]` (which hold room for the new ones too) and
-    adds `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle; the key mask hides
-    each row's front padding, and the model's per-row RoPE positions (a count of real keys) put every token at its
-    own position. A row with fewer new tokens than the widest is fed pad tokens first: their queries are ignored and
-    their keys replaced by the row's cached ones. update() writes the real new K and V into the blocks and gathers
-    every row's keys and values back through its block table.
+    Row i has `lengths[i]` positions cached in the blocks of `tables[i]` (room for the new ones too) and adds
+    `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle: the key mask hides each
+    row's front padding, per-row RoPE positions put every token at its own position, and a row with fewer new tokens
+    than the widest is fed pad tokens first (their queries ignored, their keys replaced by the row's cached ones).
+    update() writes the new K and V into the blocks and gathers every row's keys and values back (block_ids, slots).
     """
 
     def __init__(self, pool: PagedKVPool, tables: list[list[int]], lengths: list[int], news: list[int]):
@@ -167,7 +169,8 @@ class RaggedPagedView:
         table_width = max(len(t) for t in tables)
         table = torch.tensor([t + t[:1] * (table_width - len(t)) for t in tables], device=device)  # [rows, blocks]
         pos = pos.clamp(min=0)
-        self.block_ids, self.slots = table.gather(1, pos // size), pos % size  # [rows, width] each
+        flat = slot_mapping(table, pos, size)  # [rows, width] each position's slot in the pool
+        self.block_ids, self.slots = flat // size, flat % size  # [rows, width] each: block, offset in it
         real_new = cols[self.length:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
         self.write_rows, self.write_cols = real_new.nonzero(as_tuple=True)  # [written] each
         self.write_blocks = self.block_ids[:, self.length:][real_new]  # [written]
@@ -181,9 +184,8 @@ class RaggedPagedView:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` `[rows, kv_heads, new, head_dim]`; return every position `[rows, kv_heads, width, d]`."""
         keys, values = self.pool.keys[layer], self.pool.values[layer]  # [blocks, kv_heads, block_size, d]
-        rows, cols = self.write_rows, self.write_cols
-        keys[self.write_blocks, :, self.write_slots] = k.transpose(1, 2)[rows, cols]  # [written, kv_heads, d]
-        values[self.write_blocks, :, self.write_slots] = v.transpose(1, 2)[rows, cols]
+        rows, cols, blocks, slots = self.write_rows, self.write_cols, self.write_blocks, self.write_slots
+        keys[blocks, :, slots], values[blocks, :, slots] = k.transpose(1, 2)[rows, cols], v.transpose(1, 2)[rows, cols]
         # contiguous(): the same memory layout as KVCache's tensor, so attention adds in the same order
         return (keys[self.block_ids, :, self.slots].transpose(1, 2).contiguous(),
                 values[self.block_ids, :, self.slots].transpose(1, 2).contiguous())
