@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from label_boxes import assert_apart, labels_inside, rendered_labels  # noqa: E402
+
 from llm_anatomy import CourseError  # noqa: E402
 from llm_anatomy.model.scratch import ScratchLlama  # noqa: E402
 from llm_anatomy.views.anatomy import HERE, draw_model_map, parameter_groups  # noqa: E402
@@ -66,20 +68,11 @@ def test_the_map_names_the_shapes_inside_the_block(cfg):
 @pytest.mark.parametrize("here", [None, *HERE])
 def test_no_label_prints_over_another_or_out_of_its_box(cfg, here):
     drawn = draw_model_map(cfg, here=here)
-    figure = drawn.ax.figure
-    figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
-    labels = [(t.get_text(), t.get_window_extent(renderer)) for t in drawn.ax.texts if t.get_text().strip()]
-    for i, (a, box_a) in enumerate(labels):
-        for b, box_b in labels[i + 1:]:
-            assert not box_a.overlaps(box_b), f"{a!r} prints over {b!r}"
+    renderer, labels = rendered_labels(drawn.ax)
+    assert_apart(labels)
     for name, patch in drawn.boxes.items():
-        outline = patch.get_window_extent(renderer)
-        inside = [(t, e) for t, e in labels if outline.contains((e.x0 + e.x1) / 2, (e.y0 + e.y1) / 2)]
-        assert inside, f"the {name} box has no label"
-        for text, extent in inside:
-            assert outline.x0 <= extent.x0 and extent.x1 <= outline.x1, f"{text!r} spills out of the {name} box"
-    plt.close(figure)
+        assert labels_inside(patch, labels, renderer, name), f"the {name} box has no label"
+    plt.close(drawn.ax.figure)
 
 
 def test_you_are_here_highlights_the_notebooks_parts_only(cfg):

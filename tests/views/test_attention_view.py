@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from llm_anatomy.errors import CourseError  # noqa: E402
+from label_boxes import assert_apart, labels_inside, rendered_labels  # noqa: E402
+
 from llm_anatomy.views.attention import draw_gqa_shapes  # noqa: E402
 
 Q, KV = (1, 9, 12, 64), (1, 3, 12, 64)  # SmolLM2-135M's layer on a 12-token prompt
@@ -54,16 +56,12 @@ def test_query_head_h_is_joined_to_kv_head_h_floor_3_not_h_mod_3():
 @pytest.mark.parametrize("q, kv", [(Q, KV), ((1, 8, 5, 16), (1, 1, 5, 16)), ((2, 4, 7, 32), (2, 4, 7, 32))])
 def test_no_label_prints_over_another_or_out_of_its_slab(q, kv):
     drawn = draw_gqa_shapes(q, kv)
-    renderer = _render(drawn)
-    labels = [(t.get_text(), t.get_window_extent(renderer)) for t in drawn.ax.texts]
-    for i, (a, box_a) in enumerate(labels):
-        for b, box_b in labels[i + 1:]:
-            assert not box_a.overlaps(box_b), f"{a!r} prints over {b!r}"
+    renderer, labels = rendered_labels(drawn.ax)
+    assert_apart(labels)
     for name, patch in drawn.boxes.items():
-        outline = patch.get_window_extent(renderer)
-        inside = [(t, e) for t, e in labels if outline.contains((e.x0 + e.x1) / 2, (e.y0 + e.y1) / 2)]
+        inside = labels_inside(patch, labels, renderer, f"{name} slab")
         assert len(inside) == 1, f"the {name} slab has {len(inside)} labels"
-        assert outline.x0 <= inside[0][1].x0 and inside[0][1].x1 <= outline.x1, f"{inside[0][0]!r} spills out"
+        outline = patch.get_window_extent(renderer)
         assert outline.y0 <= inside[0][1].y0 and inside[0][1].y1 <= outline.y1, f"{inside[0][0]!r} spills out"
     plt.close(drawn.ax.figure)
 
