@@ -95,3 +95,77 @@ def test_the_op_mix_cost_is_a_real_step_over_its_op_count(tiny_model):
     assert ops == count_step_ops(step).ops and 0 < per_op < 0.1  # seconds per op: far from a tenth of a second
     with pytest.raises(CourseError, match="no PyTorch op"):
         op_mix_cost_s(lambda: None)
+
+
+# --------------------------------------------------------------------------- the parts of a step on a CPU
+
+
+def test_the_matmul_pass_runs_every_linear_once_with_the_head_on_the_last_row(tiny_model):
+    from llm_anatomy.measure.step_parts import time_matmuls
+
+    model = ScratchLlama.from_hf(tiny_model)
+    cfg = model.cfg
+    one, five = time_matmuls(model, 1, repeats=2), time_matmuls(model, 5, repeats=2)
+    assert one.linears == five.linears == 7 * cfg.num_layers + 1
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    head = model.lm_head.weight.numel()
+    assert one.weight_bytes == 4 * weights and five.weight_bytes == one.weight_bytes  # fp32, each weight read once
+    assert one.flops == 2 * weights and five.flops == 2 * (5 * (weights - head) + head)  # the head on one row
+    assert len(one.timing.times_s) == 2 and one.seconds == min(one.timing.times_s) > 0
+    assert one.bytes_per_s == pytest.approx(one.weight_bytes / one.seconds)
+    with pytest.raises(CourseError, match="at least one row"):
+        time_matmuls(model, 0)
+    with pytest.raises(CourseError, match="no nn.Linear"):
+        time_matmuls(torch.nn.ReLU())
+
+
+def _matmuls(seconds, flops, weight_bytes, linears=211):
+    from llm_anatomy.measure.step_parts import MatmulPass
+    from llm_anatomy.measure.timing import Timing
+
+    return MatmulPass(Timing([seconds, seconds * 1.1], warmup=1), flops, weight_bytes, linears)
+
+
+def test_on_a_cpu_the_parts_add_and_the_larger_names_the_regime():
+    from llm_anatomy.measure.step_parts import serial_regime
+
+    decode = _matmuls(0.05, flops=2.7e8, weight_bytes=5.4e8)  # 0.5 FLOP/byte, left of the ridge (10)
+    memory = serial_regime(decode, other_ops=2000, per_op_s=5e-6, peaks=PEAKS, measured_s=0.065)
+    assert memory.name == "memory" and memory.parts_s == pytest.approx(0.06)  # 50 ms + 2000 x 5 µs
+    assert "10.8 GB/s" in memory.reason and "108% of the streaming bandwidth" in memory.reason  # 5.4e8 B / 50 ms
+    # the same step where each op costs 40 µs: 80 ms of dispatch against 50 of matmuls
+    assert serial_regime(decode, 2000, 4e-5, PEAKS, 0.14).name == "overhead"
+    prompt = _matmuls(0.3, flops=4.3e10, weight_bytes=5.4e8)  # 80 FLOP/byte: right of the ridge
+    compute = serial_regime(prompt, 2000, 5e-6, PEAKS, 0.35)
+    assert compute.name == "compute" and "143.3 GFLOP/s" in compute.reason and "143% of the matmul peak" in compute.reason
+    # a step the parts do not explain: more than 1.5x what they add up to (the largest bound alone is not the test)
+    far = serial_regime(decode, 2000, 5e-6, PEAKS, 0.1)
+    assert far.name == "unexplained" and far.reason.startswith("1.7x what its parts add up to")
+    assert serial_regime(decode, 2000, 5e-6, PEAKS, 0.1, slack=2).name == "memory"
+    with pytest.raises(CourseError, match=">= 0"):
+        serial_regime(decode, -1, 5e-6, PEAKS, 0.1)
+
+
+def test_the_timeline_is_the_steps_ops_in_order(tiny_model):
+    from llm_anatomy.measure.step_parts import Span, busy_share, step_timeline
+
+    model = ScratchLlama.from_hf(tiny_model)
+    cache = model.new_cache(1, 16)
+    prefill(model, torch.tensor([[5, 6, 7]]), cache)
+
+    def step():
+        cache.length = 3
+        decode_step(model, torch.tensor([[8]]), cache)
+
+    rows = step_timeline(step)
+    spans = rows["cpu"]
+    assert list(rows) == ["cpu"]  # a CPU has no kernels row
+    assert len(spans) == count_step_ops(step).ops
+    assert [s.name for s in spans].count("linear") == 7 * model.cfg.num_layers + 1
+    assert spans[0].start_s == 0.0 and all(a.start_s <= b.start_s for a, b in zip(spans, spans[1:]))
+    assert all(s.end_s >= s.start_s for s in spans) and 0 < busy_share(spans) <= 1
+    # busy_share counts overlaps once and gaps not at all
+    assert busy_share([Span("a", 0, 2), Span("b", 1, 3), Span("c", 5, 6)]) == pytest.approx(4 / 6)
+    assert busy_share([]) == 0.0
+    with pytest.raises(CourseError, match="no PyTorch op"):
+        step_timeline(lambda: None)

@@ -155,3 +155,4 @@ def regime(times: dict[str, float], measured_s: float | None = None, slack: floa
     if measured_s is not None and measured_s > slack * times[largest]:
         return UNEXPLAINED
     return largest
+

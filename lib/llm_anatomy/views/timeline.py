@@ -38,3 +38,36 @@ def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str 
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     ax.margins(x=0.45)
     return ax
+
+
+MATMUL_OPS = ("linear", "mm", "addmm", "bmm", "matmul", "_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")
+
+
+def _is_matmul(name: str) -> bool:
+    name = name.lower()
+    return name in MATMUL_OPS or "gemm" in name or "gemv" in name or "matmul" in name
+
+
+def plot_step_timeline(rows: dict[str, list], ax=None, title: str | None = None):
+    """One row per label: the spans of one step (`llm_anatomy.measure.step_parts.Span`, seconds) as bars on a time
+    axis in ms, matrix products in blue and every other op or kernel in orange; the white between them is time no op
+    ran (Python, the dispatcher, a launch). Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.9 + 0.7 * len(rows)))
+    labelled = set()
+    for row, (label, spans) in enumerate(rows.items()):
+        for span in spans:
+            kind = "matrix products" if _is_matmul(span.name) else "other ops and kernels"
+            ax.barh(row, (span.end_s - span.start_s) * 1e3, left=span.start_s * 1e3, height=0.5,
+                    color="tab:blue" if kind == "matrix products" else "tab:orange",
+                    label=None if kind in labelled else kind)
+            labelled.add(kind)
+    ax.set_yticks(range(len(rows)), list(rows))
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the step's first op (ms)")
+    ax.set_title(title or "One decode step, op by op")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    return ax
