@@ -30,6 +30,11 @@ def test_json_has_every_figure(quick_json):
             assert row["tokens_compared"] == 16 and 0 <= row["equal_prefix"] <= 16 and 0 <= row["agreement"] <= 1
             assert row["first_32_equal"] is (row["equal_prefix"] == 16)  # 16 < 32 tokens compared: all of them
     assert d["fastest_of_all"] in d["tokens_per_s"] and positive(d["fastest_vs_fused_fp32"])
+    # the decode steps alone (llama.cpp's eval rate), for our decoders (generate's steps are not timed one by one)
+    assert set(d["step_tokens_per_s"]) == set(d["tokens_per_s"]) - {"transformers"}
+    assert all(positive(v) for v in d["step_tokens_per_s"].values())
+    assert d["fastest_step_tokens_per_s"] == max(d["step_tokens_per_s"].values())
+    assert r["targets"]["fastest_decode_tokens_per_s"]["value"] == d["fastest_step_tokens_per_s"]
     assert all(positive(v) for v in d["tokens_per_s"].values()) and d["same_tokens"] is True
     assert set(r["bandwidth"]["by_variant"]) == set(d["tokens_per_s"]) - {"transformers"}
     if "int8" in ran:

@@ -7,7 +7,7 @@ import torch
 
 from llm_anatomy.generate.decode import StaticDecoder, generate_greedy
 from llm_anatomy.errors import CourseError
-from llm_anatomy.fast.fused import Projection, compile_step, fuse, matmuls_per_layer
+from llm_anatomy.fast.fused import Projection, compile_step, fuse, matmuls_per_layer, sdpa_attend
 from llm_anatomy.measure.overhead import count_ops
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.fast.tiled_attention import tiled_attention
@@ -76,6 +76,20 @@ def test_fused_model_runs_the_fixed_shape_step_and_tiled_attention(tiny_model):
         assert (tiled(_ids(1, 23)) - plain(_ids(1, 23))).abs().max() < 1e-5
     with pytest.raises(CourseError, match="weights"):
         tiled.trace(_ids(1, 4), attention_layers=(0,))
+
+
+def test_the_fused_model_runs_torchs_fused_attention_with_padding_and_a_cache(tiny_model):
+    plain = ScratchLlama.from_hf(tiny_model)
+    fast = fuse(plain, attend=sdpa_attend)
+    ids = _ids(2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0  # left padding: SDPA gets a boolean mask, not is_causal
+    with torch.no_grad():
+        assert (fast(ids) - plain(ids)).abs().max() < 1e-5
+        assert (fast(ids, attention_mask=mask)[1] - plain(ids, attention_mask=mask)[1]).abs().max() < 1e-5
+    assert torch.equal(generate_greedy(fast, ids, 6).tokens, generate_greedy(plain, ids, 6).tokens)  # one query a step
+    with pytest.raises(CourseError, match="keeps no attention weights"):
+        fast.trace(_ids(1, 4), attention_layers=(0,))
 
 
 def test_bad_input_is_refused_clearly(tiny_model):

@@ -100,12 +100,26 @@ def test_the_op_mix_cost_is_a_real_step_over_its_op_count(tiny_model):
 # --------------------------------------------------------------------------- the parts of a step on a CPU
 
 
-def test_the_matmul_pass_runs_every_linear_once_with_the_head_on_the_last_row(tiny_model):
+def test_the_matmul_pass_runs_each_layer_as_the_step_called_it(tiny_model):
+    from llm_anatomy.fast.fused import fuse
+    from llm_anatomy.fast.packed import PackedProjection, pack
     from llm_anatomy.measure.step_parts import time_matmuls
 
     model = ScratchLlama.from_hf(tiny_model)
     cfg = model.cfg
-    one, five = time_matmuls(model, 1, repeats=2), time_matmuls(model, 5, repeats=2)
+    cache = model.new_cache(1, 16)
+    ids = torch.tensor([[5, 6, 7, 9, 11]])
+
+    def prompt(m=model):
+        cache.reset()
+        prefill(m, ids, cache)  # 5 rows through every block, the LM head on the last one
+
+    def step(m=model):
+        cache.length = 5
+        decode_step(m, torch.tensor([[8]]), cache)
+
+    prompt()
+    one, five = time_matmuls(model, step, repeats=2), time_matmuls(model, prompt, repeats=2)
     assert one.linears == five.linears == 7 * cfg.num_layers + 1
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     head = model.lm_head.weight.numel()
@@ -113,17 +127,33 @@ def test_the_matmul_pass_runs_every_linear_once_with_the_head_on_the_last_row(ti
     assert one.flops == 2 * weights and five.flops == 2 * (5 * (weights - head) + head)  # the head on one row
     assert len(one.timing.times_s) == 2 and one.seconds == min(one.timing.times_s) > 0
     assert one.bytes_per_s == pytest.approx(one.weight_bytes / one.seconds)
-    with pytest.raises(CourseError, match="at least one row"):
-        time_matmuls(model, 0)
-    with pytest.raises(CourseError, match="no nn.Linear"):
-        time_matmuls(torch.nn.ReLU())
+    fused = fuse(model, "in_out")  # 4 projections a layer, stored [in, out]: the same FLOPs and bytes
+    fused_pass = time_matmuls(fused, lambda: step(fused), repeats=1)
+    assert fused_pass.linears == 4 * cfg.num_layers + 1 and fused_pass.flops == one.flops
+    assert fused_pass.weight_bytes == one.weight_bytes
+    packed = pack(model, "int8")  # codes and a bf16 scale a row: about a quarter of the bytes
+    packed_cache = packed.new_cache(1, 16)
+    prefill(packed, ids, packed_cache)
+    packed_pass = time_matmuls(packed, lambda: decode_step(packed, torch.tensor([[8]]), packed_cache), repeats=1)
+    layers = [m for m in packed.modules() if isinstance(m, PackedProjection)]
+    assert packed_pass.weight_bytes == sum(m.nbytes for m in layers) < 0.3 * one.weight_bytes
+    # the rest of the step: timed with every matmul layer answering at once, then the layers are as they were
+    assert 0 < one.rest_s and len(one.rest.times_s) == 2
+    assert all("forward" not in vars(m) for m in model.modules())  # no instance attribute left behind
+    with torch.no_grad():
+        assert torch.equal(model(ids), ScratchLlama.from_hf(tiny_model)(ids))  # the model computes as before
+    with pytest.raises(CourseError, match="none of the model's matmul layers"):
+        time_matmuls(model, lambda: None)
+    with pytest.raises(CourseError, match="no matmul layers"):
+        time_matmuls(torch.nn.ReLU(), lambda: None)
 
 
-def _matmuls(seconds, flops, weight_bytes, linears=211):
+def _matmuls(seconds, flops, weight_bytes, linears=211, rest_s=None):
     from llm_anatomy.measure.step_parts import MatmulPass
     from llm_anatomy.measure.timing import Timing
 
-    return MatmulPass(Timing([seconds, seconds * 1.1], warmup=1), flops, weight_bytes, linears)
+    rest = None if rest_s is None else Timing([rest_s, rest_s * 1.2], warmup=1)
+    return MatmulPass(Timing([seconds, seconds * 1.1], warmup=1), flops, weight_bytes, linears, rest)
 
 
 def test_on_a_cpu_the_parts_add_and_the_larger_names_the_regime():
@@ -144,6 +174,21 @@ def test_on_a_cpu_the_parts_add_and_the_larger_names_the_regime():
     assert serial_regime(decode, 2000, 5e-6, PEAKS, 0.1, slack=2).name == "memory"
     with pytest.raises(CourseError, match=">= 0"):
         serial_regime(decode, -1, 5e-6, PEAKS, 0.1)
+
+
+def test_the_measured_rest_of_the_step_replaces_the_dispatch_estimate():
+    from llm_anatomy.measure.step_parts import serial_regime
+
+    # a prompt whose rest (attention, norms over 160 rows) is real work: 100 ms, where dispatch alone is 10
+    prompt = _matmuls(0.25, flops=4.3e10, weight_bytes=5.4e8, rest_s=0.1)
+    verdict = serial_regime(prompt, 2000, 5e-6, PEAKS, measured_s=0.42)
+    assert verdict.name == "compute" and verdict.parts_s == pytest.approx(0.35) and "rest of the step 100.0 ms" in verdict.reason
+    assert serial_regime(_matmuls(0.25, 4.3e10, 5.4e8), 2000, 5e-6, PEAKS, 0.42).name == "unexplained"  # 1.6x 0.26 s
+    # the rest outweighs the matmuls: overhead where dispatch accounts for it, else not explained
+    tiny = _matmuls(1e-4, flops=1e5, weight_bytes=2e5, linears=15, rest_s=8e-4)
+    assert serial_regime(tiny, 154, 5e-6, PEAKS, 9e-4).name == "overhead"  # 154 x 5 µs = 0.77 ms of 0.8
+    heavy = serial_regime(_matmuls(0.01, 1e8, 2e8, rest_s=0.05), 100, 5e-6, PEAKS, 0.06)  # 50 ms against 0.5 of dispatch
+    assert heavy.name == "unexplained" and "does not account for it" in heavy.reason
 
 
 def test_the_timeline_is_the_steps_ops_in_order(tiny_model):

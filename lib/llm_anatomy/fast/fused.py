@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.attention import attention
+from ..model.attention import attention, sdpa_attention
 from ..device import timed
 from ..errors import CourseError
 from ..model.rope import apply_rope
@@ -100,6 +100,16 @@ class FusedMLP(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # new: one call, then two views
         return self.down_proj(F.silu(gate) * up)
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, key_mask=None,
+                return_weights: bool = False) -> torch.Tensor:
+    """torch's fused attention (model.attention.sdpa_attention) in the calling convention of fuse()'s `attend`.
+
+    It never keeps the weights, so it refuses return_weights: look at them through the plain attention."""
+    if return_weights:
+        raise CourseError("SDPA keeps no attention weights: use fuse(model) with the plain attention to look at them.")
+    return sdpa_attention(q, k, v, causal=causal, key_mask=key_mask)
 
 
 def fuse(model: ScratchLlama, layout: str = "out_in", attend=attention) -> ScratchLlama:

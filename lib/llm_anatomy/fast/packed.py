@@ -13,9 +13,12 @@ themselves and turns them into numbers on the fly. PyTorch ships such kernels (t
                 torch._weight_int4pack_mm (tinygemm; compute capability 8.0 or newer)
 
 int4 uses tinygemm's convention, weight = (code - 8) * scale + zero with zero = minimum + 8 * scale: the grid of
-Q4_1's d * code + m. The activations are bf16 (these kernels take no fp32), and the LM head stays at 8 bits, as the
-course's file keeps it (Q8_0). `pack(model, "int8")` gives a ScratchLlama with fused projections (fused.py) whose
-every matmul is packed: the same prefill, decode_step and generate_greedy run it.
+Q4_1's d * code + m. These kernels multiply bf16 activations (they take no fp32): each packed matmul turns its input
+to bf16 and its output back, while the residual stream, the norms, attention (torch's fused SDPA) and the KV cache
+stay fp32, as llama.cpp keeps its activations in fp32 between kernels (on a CPU, fp32's small ops run several times
+faster than bf16's). The LM head stays at 8 bits, as the course's file keeps it (Q8_0). `pack(model, "int8")` gives
+a ScratchLlama with fused projections (fused.py) whose every matmul is packed: the same prefill, decode_step and
+generate_greedy run it.
 
 What these kernels do not do, and llama.cpp's CPU kernels do: quantize the activations too (to int8 per block of
 32), multiply int8 by int8 with integer dot-product instructions (AVX2's maddubs, AVX-VNNI, ARM's sdot), and run one
@@ -30,7 +33,7 @@ from torch import nn
 
 from ..errors import CourseError
 from ..model.scratch import ScratchLlama
-from .fused import FusedRMSNorm, Projection, fuse
+from .fused import Projection, fuse, sdpa_attend
 from .quantize import int4_codes, quantize_int8_per_channel
 
 FORMATS = ("int8", "int4")
@@ -79,7 +82,7 @@ class PackedProjection(Projection):
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])  # [tokens, in]
+        rows = x.reshape(-1, x.shape[-1]).to(ACTIVATIONS)  # [tokens, in], in the kernels' bf16
         if self.fmt == "int8":
             if self.kernel == "torch._weight_int8pack_mm":
                 y = torch._weight_int8pack_mm(rows, self.codes, self.scale)
@@ -89,7 +92,7 @@ class PackedProjection(Projection):
             y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
         else:
             y = torch._weight_int4pack_mm(rows, self.packed, self.group_size, self.scales_and_zeros)
-        return y.view(*x.shape[:-1], self.out_features)  # [..., out]
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., out], in the caller's dtype
 
     def dequantized(self) -> torch.Tensor:
         """The weights the kernel multiplies by, fp32 [out, in]: code * scale, or (code - 8) * scale + zero (for int4
@@ -152,8 +155,9 @@ def dequantized_reference(w: torch.Tensor, fmt: str, group_size: int = 32) -> to
 def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt: str = "int8") -> ScratchLlama:
     """A ScratchLlama with q/k/v and gate/up fused and every matmul packed in `fmt`, its LM head in `head_fmt`.
 
-    The embedding and the norms are bf16 copies (the kernels multiply bf16 activations), so the KV cache is bf16
-    too. The model given is not changed. group_size: int4's group (it must divide every row: 32 or 64 here).
+    The embedding and the norms are the model's own (fp32, shared, not copied), attention is torch's fused SDPA and
+    the KV cache is in the model's dtype; only the packed matmuls compute in bf16. The model given is not changed.
+    group_size: int4's group (it must divide every row: 32 or 64 here).
     """
     if not isinstance(model, ScratchLlama):
         raise CourseError("pack() takes a ScratchLlama: build one with ScratchLlama.from_hf(loaded).")
@@ -163,12 +167,8 @@ def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt:
     ok, why = kernel_status(fmt, model.device)
     if not ok:
         raise CourseError(f"No packed {fmt} kernel here ({why}).")
-    fast = fuse(model)  # fp32 fused copies, replaced one by one below
+    fast = fuse(model, attend=sdpa_attend)  # fp32 fused copies, replaced one by one below
     with torch.no_grad():
-        fast.embed_tokens = nn.Embedding.from_pretrained(model.embed_tokens.weight.detach().to(ACTIVATIONS))
-        for owner, name in [(fast, "norm")] + [(block, name) for block in fast.layers
-                                               for name in ("input_layernorm", "post_attention_layernorm")]:
-            setattr(owner, name, FusedRMSNorm(getattr(owner, name), ACTIVATIONS))  # a bf16 copy of the weight
         for block in fast.layers:
             for owner, name in ((block.self_attn, "qkv_proj"), (block.self_attn, "o_proj"),
                                 (block.mlp, "gate_up_proj"), (block.mlp, "down_proj")):

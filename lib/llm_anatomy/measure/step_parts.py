@@ -10,6 +10,8 @@ Units: seconds, FLOP, bytes.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,17 +25,24 @@ from .timing import time_it
 
 @dataclass
 class MatmulPass:
-    """One pass through every Linear layer of a model, alone, timed: the step's matrix products without the rest.
+    """A step's matrix products timed alone, and the rest of the step timed without them.
 
-    timing: the passes' times (seconds; read min_s: another program can only add time);
+    timing: the passes through the matmuls alone (seconds; read min_s: another program can only add time);
+    rest: the step run with every matmul layer answering at once (a ready tensor of its output's shape), so the
+        rest of the step, its other ops' dispatch and their own work (norms, attention, the cache), timed alone;
     flops, weight_bytes: what one pass computes and reads (2 FLOPs per weight per row; each weight read once);
-    linears: how many Linear layers it ran (each one op of the step's count).
+    linears: how many matmul calls it made (each one op of the step's count).
     """
 
     timing: object
     flops: int
     weight_bytes: int
     linears: int
+    rest: object = None
+
+    @property
+    def rest_s(self) -> float:
+        return self.rest.min_s
 
     @property
     def seconds(self) -> float:
@@ -49,89 +58,120 @@ class MatmulPass:
         return self.flops / self.seconds
 
 
-def time_matmuls(model, tokens: int = 1, *, head_tokens: int = 1, repeats: int = 5) -> MatmulPass:
-    """Time the model's Linear layers alone, in the model's order, on `tokens` rows of random numbers each (the LM
-    head on `head_tokens` rows: generation keeps the logits of the last position only).
+def _matmul_layers(model) -> list:
+    """The layers that multiply by a weight matrix: leaf modules with `out_features` (nn.Linear, and notebook 09's
+    fused and packed projections)."""
+    return [m for m in model.modules() if hasattr(m, "out_features") and next(m.children(), None) is None]
 
-    It runs the whole pass each time, never one layer again and again: a small layer's weights would then stay in
-    the CPU's cache and read far faster than a step reads them. `model` is a ScratchLlama (or any nn.Module whose
-    Linear layers a step runs once each, with `lm_head` its head).
+
+def _layer_bytes(layer) -> int:
+    return sum(t.numel() * t.element_size() for t in [*layer.parameters(), *layer.buffers()])
+
+
+def time_matmuls(model, step, *, repeats: int = 5) -> MatmulPass:
+    """Time the matmuls of one call of `step()` alone: the model's matmul layers, in the order the step called
+    them, on random inputs of the shapes it gave them (read once, with a hook on each layer, from one call of
+    `step`); and the rest of the step alone: `step()` again with each matmul layer answering at once. The shapes carry what the step does: a prompt's rows, one row a sequence in decode, the LM head on the
+    last position only.
+
+    The timed pass runs them all, never one layer again and again: a small layer's weights would then stay in the
+    CPU's cache and read far faster than a step reads them. Bytes are each layer's weights as it holds them (fp32, or
+    packed codes with their scales), read once per call.
     """
-    import torch.nn.functional as F
-    from torch import nn
-
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1 or head_tokens < 1:
-        raise CourseError(f"Time the matmuls on at least one row: tokens = {tokens}, head_tokens = {head_tokens}.")
-    head = getattr(model, "lm_head", None)
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise CourseError("This model has no nn.Linear layers to time.")
-    device, dtype = linears[0].weight.device, linears[0].weight.dtype
+    layers = _matmul_layers(model)
+    if not layers:
+        raise CourseError("This model has no matmul layers (nn.Linear or a projection with out_features) to time.")
+    calls = []
+    hooks = [layer.register_forward_hook(lambda layer, args, out: calls.append((layer, args[0].shape, args[0].dtype, out)))
+             for layer in layers]
+    try:
+        step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not calls:
+        raise CourseError("The step called none of the model's matmul layers: pass the model's own step.")
+    device = next(itertools.chain(calls[0][0].parameters(), calls[0][0].buffers())).device
     inputs = {}
-    for layer in linears:
-        rows = head_tokens if layer is head else tokens
-        inputs.setdefault((rows, layer.in_features), torch.randn(rows, layer.in_features, device=device, dtype=dtype))
+    for _, shape, dtype, _ in calls:
+        inputs.setdefault((shape, dtype), torch.randn(shape, device=device).to(dtype))
 
     def one_pass():
         with torch.inference_mode():
-            for layer in linears:
-                F.linear(inputs[(head_tokens if layer is head else tokens, layer.in_features)], layer.weight, layer.bias)
+            for layer, shape, dtype, _ in calls:
+                layer(inputs[(shape, dtype)])
+
+    answers = {layer: torch.zeros_like(out) for layer, _, _, out in calls}  # one ready output per layer
+
+    def without_matmuls():
+        for layer, ready in answers.items():
+            layer.forward = lambda *args, ready=ready: ready  # an instance attribute: the class's forward is untouched
+        try:
+            step()
+        finally:
+            for layer in answers:
+                del layer.forward
 
     timing = time_it(one_pass, device, warmup=1, repeats=repeats)
-    flops = sum(2 * layer.weight.numel() * (head_tokens if layer is head else tokens) for layer in linears)
-    weight_bytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in linears)
-    return MatmulPass(timing, flops, weight_bytes, len(linears))
+    rest = time_it(without_matmuls, device, warmup=1, repeats=repeats)
+    flops = sum(2 * math.prod(shape) * layer.out_features for layer, shape, _, _ in calls)
+    return MatmulPass(timing, flops, sum(_layer_bytes(layer) for layer, _, _, _ in calls), len(calls), rest)
 
 
 @dataclass
 class SerialRegime:
     """What bounded a step whose parts run one after another (on a CPU the same cores dispatch each op and run it,
-    so nothing overlaps): its matmuls' own time plus its other ops' dispatch.
+    so nothing overlaps): its matmuls' own time plus the rest of the step.
 
     name: 'compute', 'memory' or 'overhead', or UNEXPLAINED when the step took more than `slack` times the parts;
     reason: one sentence with the figures that decided it;
-    matmul_s, overhead_s: the two parts (seconds); parts_s their sum, the time the parts explain.
+    matmul_s, rest_s: the two parts (seconds); parts_s their sum, the time the parts explain.
     """
 
     name: str
     reason: str
     matmul_s: float
-    overhead_s: float
+    rest_s: float
 
     @property
     def parts_s(self) -> float:
-        return self.matmul_s + self.overhead_s
+        return self.matmul_s + self.rest_s
 
 
 def serial_regime(matmuls: MatmulPass, other_ops: int, per_op_s: float, peaks: Peaks, measured_s: float,
                   slack: float = 1.5) -> SerialRegime:
-    """The regime of a step on a CPU, where its parts add: the matmuls (timed alone, `matmuls`) and `other_ops`
-    ops at `per_op_s` each. The larger part names the regime; when it is the matmuls, their own intensity against
-    the ridge says which roof they sit under: a matrix-vector product (decode) reads 4 bytes per 2 FLOPs in fp32, so
-    the bytes, at the bandwidth its kernel attains, are its limit (memory-bound); a prompt's matrix-matrix products
-    reuse each weight for every row (compute-bound). The reason names the attained figure against the measured peak.
+    """The regime of a step on a CPU, where its parts add: its matmuls timed alone, and the rest of the step
+    (`matmuls.rest`, timed without the matmuls; where it was not timed, the dispatch of its `other_ops` ops at
+    `per_op_s` each stands in). The larger part names the regime. When it is the matmuls, their own intensity
+    against the ridge says which roof they sit under: a matrix-vector product (decode) reads 4 bytes per 2 FLOPs in
+    fp32, so the bytes, at the bandwidth its kernel attains, are its limit (memory-bound); a prompt's matrix-matrix
+    products reuse each weight for every row (compute-bound). When it is the rest, the step is overhead-bound if the
+    dispatch of its ops accounts for the rest (within `slack`). The reason names the figures that decided it.
     """
     if other_ops < 0 or per_op_s < 0 or measured_s <= 0:
         raise CourseError(f"other_ops and per_op_s must be >= 0 and measured_s > 0, not {other_ops}, {per_op_s} and "
                           f"{measured_s}.")
-    overhead_s = other_ops * per_op_s
-    parts = matmuls.seconds + overhead_s
-    kernel = (f"its {matmuls.linears} matmuls took {matmuls.seconds * 1e3:.1f} ms alone and the other {other_ops} ops "
-              f"{overhead_s * 1e3:.1f} ms")
+    dispatch_s = other_ops * per_op_s
+    rest_s = dispatch_s if matmuls.rest is None else matmuls.rest_s
+    parts = matmuls.seconds + rest_s
+    kernel = (f"its {matmuls.linears} matmuls took {matmuls.seconds * 1e3:.1f} ms alone and the rest of the step "
+              f"{rest_s * 1e3:.1f} ms (its other {other_ops} ops' dispatch: {dispatch_s * 1e3:.1f} ms)")
+
+    def verdict(name, why=""):
+        return SerialRegime(name, kernel + why, matmuls.seconds, rest_s)
+
     if measured_s > slack * parts:
         return SerialRegime(UNEXPLAINED, f"{measured_s / parts:.1f}x what its parts add up to ({kernel})",
-                            matmuls.seconds, overhead_s)
-    if overhead_s >= matmuls.seconds:
-        return SerialRegime("overhead", f"{kernel}: dispatching its ops costs more than its arithmetic and bytes",
-                            matmuls.seconds, overhead_s)
-    intensity = matmuls.flops / matmuls.weight_bytes
-    if intensity >= peaks.ridge_intensity:
-        return SerialRegime("compute", f"{kernel}; they ran at {matmuls.flops_per_s / 1e9:.1f} GFLOP/s, "
-                                       f"{matmuls.flops_per_s / peaks.flops_per_s:.0%} of the matmul peak",
-                            matmuls.seconds, overhead_s)
-    return SerialRegime("memory", f"{kernel}; they read the weights at {matmuls.bytes_per_s / 1e9:.1f} GB/s, "
-                                  f"{matmuls.bytes_per_s / peaks.bytes_per_s:.0%} of the streaming bandwidth",
-                        matmuls.seconds, overhead_s)
+                            matmuls.seconds, rest_s)
+    if rest_s >= matmuls.seconds:
+        if rest_s <= slack * dispatch_s:
+            return verdict("overhead", ": dispatching its ops costs more than its arithmetic and bytes")
+        return verdict(UNEXPLAINED, ": the rest outweighs the matmuls, and the ops' dispatch does not account for it")
+    if matmuls.flops / matmuls.weight_bytes >= peaks.ridge_intensity:
+        return verdict("compute", f"; they ran at {matmuls.flops_per_s / 1e9:.1f} GFLOP/s, "
+                                  f"{matmuls.flops_per_s / peaks.flops_per_s:.0%} of the matmul peak")
+    return verdict("memory", f"; they read the weights at {matmuls.bytes_per_s / 1e9:.1f} GB/s, "
+                             f"{matmuls.bytes_per_s / peaks.bytes_per_s:.0%} of the streaming bandwidth")
 
 
 # --------------------------------------------------------------------------- a step on a time axis
