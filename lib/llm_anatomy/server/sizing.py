@@ -24,17 +24,20 @@ from ..errors import CourseError
 OBJECTIVE_FACTOR = 3.0  # the default TTFT objective: this many times the shortest recent prefill
 
 
+def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
+    """Raise a CourseError unless `value` is a finite number of seconds, > 0 (or >= 0 when zero_ok)."""
+    low_ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if zero_ok else value > 0)
+    if not (low_ok and value < math.inf):
+        raise CourseError(f"{name} must be a finite number of seconds {'>=' if zero_ok else '>'} 0, not {value!r}.")
+
+
 def queue_limit(ttft_objective_s: float, prefill_s: float, seconds_per_admission: float) -> int:
     """The most requests that may wait for a slot so that the last one admitted still has its first token within
     ttft_objective_s (seconds): floor((objective - prefill) / seconds_per_admission), at least 0 (0: queue nobody,
     take a request only when a slot is free for it)."""
-    for name, value in (("ttft_objective_s", ttft_objective_s), ("prefill_s", prefill_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise CourseError(f"{name} must be a finite number of seconds >= 0, not {value!r}.")
-    if isinstance(seconds_per_admission, bool) or not isinstance(seconds_per_admission, (int, float)) \
-            or not 0 < seconds_per_admission < math.inf:
-        raise CourseError(f"seconds_per_admission must be a finite number of seconds > 0, not "
-                          f"{seconds_per_admission!r}.")
+    _check_seconds("ttft_objective_s", ttft_objective_s, zero_ok=True)
+    _check_seconds("prefill_s", prefill_s, zero_ok=True)
+    _check_seconds("seconds_per_admission", seconds_per_admission, zero_ok=False)
     return max(0, math.floor((ttft_objective_s - prefill_s) / seconds_per_admission + 1e-9))
 
 
@@ -50,10 +53,8 @@ class QueueSizer:
     ttft_objective_s: the objective in seconds, or None for OBJECTIVE_FACTOR x the shortest recent prefill."""
 
     def __init__(self, ttft_objective_s: float | None = None, keep: int = 32):
-        if ttft_objective_s is not None and (isinstance(ttft_objective_s, bool) or not isinstance(
-                ttft_objective_s, (int, float)) or not 0 < ttft_objective_s < math.inf):
-            raise CourseError(f"The TTFT objective must be a finite number of seconds > 0 (or None), not "
-                              f"{ttft_objective_s!r}.")
+        if ttft_objective_s is not None:
+            _check_seconds("The TTFT objective (or None)", ttft_objective_s, zero_ok=False)
         self.ttft_objective_s = ttft_objective_s
         self.prefills: deque[float] = deque(maxlen=keep)  # seconds from a slot to the first token, recent requests
 
