@@ -97,3 +97,30 @@ def test_a_sweep_without_short_requests_or_a_capacity_is_refused(servers):
         load_sweep(servers, 1.0, 4, PROMPTS, [16], ttft_slo_s=1, tpot_slo_s=1, short_tokens=3, vocab_size=128)
     with pytest.raises(CourseError, match="capacity > 0"):
         load_sweep(servers, 0.0, 4, PROMPTS, OUTPUTS, ttft_slo_s=1, tpot_slo_s=1, short_tokens=3, vocab_size=128)
+
+
+# The same story on an idle and on a busy machine: a busy machine calibrates a slower cost model, and one whose fixed
+# cost per call grows most (every small op waits for its turn on a core). C15's verdict must not turn over.
+BUSY = {"idle": COST,
+        "busy, 4x slower throughout": StepCost(*(4 * v for v in vars(COST).values())),
+        "busy, fixed costs 8x, the rest 2x": StepCost(decode_call_s=8 * COST.decode_call_s,
+                                                      decode_row_s=2 * COST.decode_row_s,
+                                                      prefill_call_s=8 * COST.prefill_call_s,
+                                                      prefill_token_s=2 * COST.prefill_token_s,
+                                                      context_s=2 * COST.context_s),
+        "busy, a prefill call's fixed cost 80x": StepCost(decode_call_s=8 * COST.decode_call_s,
+                                                          decode_row_s=2 * COST.decode_row_s,
+                                                          prefill_call_s=80 * COST.prefill_call_s,
+                                                          prefill_token_s=2 * COST.prefill_token_s,
+                                                          context_s=2 * COST.context_s)}
+
+
+@pytest.mark.parametrize("machine", list(BUSY))
+def test_c15_tells_the_same_story_on_an_idle_and_a_busy_machine(tiny, machine):
+    cost = BUSY[machine]
+    servers = engines(tiny, 3, max(PROMPTS) + max(OUTPUTS), cost=cost, block_size=4)
+    capacity = service_rate(servers["continuous"], poisson_trace(10, 1.0, PROMPTS, OUTPUTS, seed=2, vocab_size=128))
+    step = cost.decode_step_s(1, 8)
+    rows = load_sweep(servers, capacity, 10, PROMPTS, OUTPUTS, fractions=(0.3, 0.7, 1.2), ttft_slo_s=12 * step,
+                      tpot_slo_s=2 * step, short_tokens=3, seed=2, vocab_size=128, threads=1)
+    assert "C15 holds" in str(claim_short_requests_wait_less(rows))
