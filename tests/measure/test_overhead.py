@@ -214,3 +214,24 @@ def test_the_timeline_is_the_steps_ops_in_order(tiny_model):
     assert busy_share([]) == 0.0
     with pytest.raises(CourseError, match="no PyTorch op"):
         step_timeline(lambda: None)
+
+
+def test_the_quickest_timelines_take_turns_and_keep_each_steps_shortest_call(tiny_model, monkeypatch):
+    from llm_anatomy.measure import step_parts
+    from llm_anatomy.measure.step_parts import Span, quickest_timelines
+
+    lengths = {"a": iter([0.3, 0.1, 0.2]), "b": iter([0.5, 0.6, 0.4])}
+    order = []
+
+    def fake_timeline(step, device="cpu"):  # each call profiles one step; its span is the next of its lengths
+        name = step()
+        order.append(name)
+        return {"cpu": [Span("linear", 0.0, next(lengths[name]))]}
+
+    monkeypatch.setattr(step_parts, "step_timeline", fake_timeline)
+    found = quickest_timelines({"a": lambda: "a", "b": lambda: "b"}, repeats=3)
+    assert order == ["a", "b"] * 3  # in turns
+    assert found["a"][0]["cpu"][0].end_s == 0.1 and found["b"][0]["cpu"][0].end_s == 0.4  # the quickest of each
+    assert found["a"][1].times_s == [0.3, 0.1, 0.2] and found["a"][1].noisy  # the spans' spread, to warn beside
+    with pytest.raises(CourseError, match="at least once"):
+        quickest_timelines({"a": lambda: "a"}, repeats=0)

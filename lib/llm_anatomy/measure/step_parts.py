@@ -228,3 +228,21 @@ def busy_share(spans: list[Span]) -> float:
             reach = span.end_s
     total = max(s.end_s for s in spans) - min(s.start_s for s in spans)
     return covered / total if total > 0 else 1.0
+
+
+def quickest_timelines(steps: dict, device: torch.device | str = "cpu", repeats: int = 3) -> dict:
+    """step_timeline of every step of `steps` ({name: step}), `repeats` times in turns (A, B, C, A, B, C, ...),
+    keeping each one's quickest call: on a busy machine another program can only add time, and taking turns makes a
+    busy moment slow them all alike. Returns {name: (rows, Timing of the profiled calls' spans)}; print the Timing's
+    noise_warning() beside a picture drawn from them."""
+    from .timing import Timing
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise CourseError(f"Profile each step at least once: repeats = {repeats!r}.")
+    runs = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            rows = step_timeline(step, device)
+            runs[name].append((max(s.end_s for row in rows.values() for s in row), rows))
+    return {name: (min(found, key=lambda run: run[0])[1], Timing([span for span, _ in found], warmup=1))
+            for name, found in runs.items()}

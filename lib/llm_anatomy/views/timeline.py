@@ -43,7 +43,8 @@ def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str 
 MATMUL_OPS = ("linear", "mm", "addmm", "bmm", "matmul", "_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")
 
 
-def _is_matmul(name: str) -> bool:
+def is_matmul(name: str) -> bool:
+    """Whether an op (aten name) or a GPU kernel (its name) is a matrix product: what the timeline draws in blue."""
     name = name.lower()
     return name in MATMUL_OPS or "gemm" in name or "gemv" in name or "matmul" in name
 
@@ -59,7 +60,7 @@ def plot_step_timeline(rows: dict[str, list], ax=None, title: str | None = None)
     labelled = set()
     for row, (label, spans) in enumerate(rows.items()):
         for span in spans:
-            kind = "matrix products" if _is_matmul(span.name) else "other ops and kernels"
+            kind = "matrix products" if is_matmul(span.name) else "other ops and kernels"
             ax.barh(row, (span.end_s - span.start_s) * 1e3, left=span.start_s * 1e3, height=0.5,
                     color="tab:blue" if kind == "matrix products" else "tab:orange",
                     label=None if kind in labelled else kind)
