@@ -44,11 +44,15 @@ def test_json_has_every_figure(quick_json):
     g = r["vs_generate_batch"]
     assert g["same_tokens"] is True  # our scheduler and transformers' generate_batch agree
     assert all(positive(g[k]) for k in ("ours_tokens_per_s", "theirs_tokens_per_s", "ratio"))
+    f = r["flattened"]  # one flattened call per iteration against the padded calls, the same requests
+    assert f["same_tokens"] is True and f["requests"] == 8 and f["output_tokens"] == r["static"]["output_tokens"]
+    assert all(positive(f[k]) for k in ("padded_tokens_per_s", "flattened_tokens_per_s", "ratio"))
+    assert f["ratio"] == pytest.approx(f["flattened_tokens_per_s"] / f["padded_tokens_per_s"])
     assert set(r["aims"]) == {"continuous_over_static_throughput", "paged_utilisation", "prefix_hit_ttft_speedup"}
 
 
 def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
     for words in ("static", "continuous", "TTFT p99", "KV utilisation", "prefix cache", "generate_batch", "aim",
-                  "capacity", "DistServe", "ITL p99"):
+                  "capacity", "DistServe", "ITL p99", "flattened"):
         assert words in text, words

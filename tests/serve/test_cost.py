@@ -28,7 +28,9 @@ def test_the_formula_charges_the_weights_once_per_call_and_the_kv_per_row():
     assert COST.decode_step_s(8, 100) == pytest.approx(0.05 + 0.016 + 8e-4)
     assert COST.decode_step_s(8, 100) < 8 * COST.decode_step_s(1, 100)
     assert COST.prefill_s(64, cached=32) == pytest.approx(0.06 + 0.064 + 32e-6)
-    with pytest.raises(CourseError, match="prefill' or a 'decode"):
+    # one flattened call of decodes and chunks: one call's overhead, every token like a prompt token
+    assert COST(9, 4, context=300, kind="mixed") == pytest.approx(0.06 + 0.009 + 300e-6)
+    with pytest.raises(CourseError, match="'decode' or a 'mixed'"):
         COST(1, 1, kind="verify")
     with pytest.raises(CourseError, match=">= 0"):
         StepCost(-1.0, 0, 0, 0, 0)

@@ -120,7 +120,7 @@ class Call(NamedTuple):
 
     start_s: float
     end_s: float
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode", or "mixed" (one flattened call of both: ContinuousScheduler(flatten=True))
     rows: int  # sequences in the call
     tokens: int  # new tokens computed, padding included
     context: int  # cached positions its rows read, all rows together
@@ -138,9 +138,9 @@ class Engine:
         self.calls: list[Call] = []  # every model call, in order
 
     def call(self, kind: str, rows: int, tokens: int, fn, context: int = 0):
-        """Run one model call (`kind` "prefill" or "decode", `rows` sequences, `tokens` new tokens in all, `context`
-        cached positions read); the clock advances by its measured time, or by cost(tokens, rows, context=context,
-        kind=kind) when the engine has a cost model. Returns what `fn` returns."""
+        """Run one model call (`kind` "prefill", "decode" or "mixed", `rows` sequences, `tokens` new tokens in all,
+        `context` cached positions read); the clock advances by its measured time, or by cost(tokens, rows,
+        context=context, kind=kind) when the engine has a cost model. Returns what `fn` returns."""
         measured, out = timed(fn, self.model.device)
         seconds = measured if self.cost is None else float(self.cost(tokens, rows, context=context, kind=kind))
         self.calls.append(Call(self.now, self.now + seconds, kind, rows, tokens, context, measured))

@@ -7,11 +7,14 @@ measurements of the real model (repeats taken in rounds, their medians fitted):
 
     decode call   = decode_call_s  + decode_row_s * rows  + context_s * positions read
     prefill call  = prefill_call_s + prefill_token_s * tokens  + context_s * positions read
+    mixed call    = prefill_call_s + prefill_token_s * tokens  + context_s * positions read
 
 `rows` are the sequences of the call, `tokens` the new tokens it computes (padding included: a padded rectangle
 computes its pad columns too), and `positions read` the cached positions its rows attend to, each row its own
 (so a batch shares the weight reads, decode_call_s, but not its KV reads: claim C13). `Engine(cost=StepCost)`
-advances its clock by this formula instead of the measured time; the tokens are still the real model's.
+advances its clock by this formula instead of the measured time; the tokens are still the real model's. A "mixed"
+call (the flattened iteration of ContinuousScheduler(flatten=True): decodes and prompt chunks in one stream) is
+costed as one prefill call over all its tokens: one call's overhead, each token computed once, no padding.
 """
 
 from __future__ import annotations
@@ -43,13 +46,13 @@ class StepCost:
             raise CourseError(f"Every coefficient of a StepCost must be a finite number >= 0, not {vars(self)}.")
 
     def __call__(self, tokens: int, rows: int, *, context: int = 0, kind: str = "decode") -> float:
-        """Seconds of a call of `kind` ("prefill" or "decode") with `rows` sequences, `tokens` new tokens in all and
-        `context` cached positions read (all rows together)."""
+        """Seconds of a call of `kind` ("prefill", "decode" or "mixed") with `rows` sequences, `tokens` new tokens
+        in all and `context` cached positions read (all rows together)."""
         if kind == "decode":
             return self.decode_call_s + self.decode_row_s * rows + self.context_s * context
-        if kind == "prefill":
+        if kind in ("prefill", "mixed"):  # a mixed call: one call, its decode tokens computed like prompt tokens
             return self.prefill_call_s + self.prefill_token_s * tokens + self.context_s * context
-        raise CourseError(f"A model call is a 'prefill' or a 'decode', not {kind!r}.")
+        raise CourseError(f"A model call is a 'prefill', a 'decode' or a 'mixed', not {kind!r}.")
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """One decode step of `batch` rows of `context` cached positions each, seconds."""

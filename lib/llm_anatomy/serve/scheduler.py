@@ -13,11 +13,12 @@ is preempted: its admission ends, its blocks are freed, and it is recomputed aft
 and the tokens it has produced, which it keeps (vLLM's "preemption by recompute"). Each admission is one span of
 the request in a batch slot, from its admission to its retirement or preemption (`Request.spans`).
 
-A real engine packs the decodes and prompt chunks of an iteration into one call of concatenated sequences; our model
-takes rectangles, so an iteration makes one decode call and one call for all prompt chunks (left-padded to the
+By default (flatten=False) an iteration makes one decode call and one call for all prompt chunks (left-padded to the
 longest), each through the pool's one reader (paged_kv.RaggedPagedView) and the course's one decoding loop
-(`prefill`, `decode_step`). Every token of an iteration comes out when the iteration ends. The clock is
-batching.Engine's.
+(`prefill`, `decode_step`). A real engine packs the decodes and prompt chunks of an iteration into one call of
+concatenated sequences: with flatten=True, step() makes exactly that one call, flat_step.flat_step (kind "mixed"),
+with no padding and the decode rows' K and V read in place. Every token of an iteration comes out when the
+iteration ends. The clock is batching.Engine's.
 
 What a server adds (notebook 11), without changing a greedy run: `choose` picks each request's token, greedy or
 drawn from its own SamplingSettings with its own seeded generator (and records its logprobs when asked), and
@@ -36,6 +37,7 @@ from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
 from ..generate.sampling import sample_with, seeded_generator, token_logprobs
 from .batching import Engine, Request
+from .flat_step import flat_step
 from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
 from .prefix_cache import PrefixCache
 
@@ -78,12 +80,16 @@ class ContinuousScheduler(Engine):
 
     pool: a PagedKVPool for the model; max_batch: requests decoding together at most; max_batched_tokens: tokens
     per iteration (decodes first, then prompt chunks; None = whole prompts at once); prefix_cache: keep and reuse
-    full prompt blocks (prefix_cache.py). submit() requests, then step() (one iteration) or run() them all.
+    full prompt blocks (prefix_cache.py); flatten: one flattened model call per iteration (flat_step.py) instead of
+    a padded decode call and a padded prompt-chunk call. submit() requests, then step() (one iteration) or run() them.
     """
 
     def __init__(self, model, pool: PagedKVPool, max_batch: int = 8, max_batched_tokens: int | None = None,
-                 prefix_cache: bool = False, cost=None):
+                 prefix_cache: bool = False, cost=None, flatten: bool = False):
         super().__init__(model, max_batch, cost)
+        if not isinstance(flatten, bool):
+            raise CourseError(f"flatten must be True or False, not {flatten!r}.")
+        self.flatten = flatten
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or
                                                not isinstance(max_batched_tokens, int) or max_batched_tokens < 1):
             raise CourseError(f"max_batched_tokens must be None or a whole number >= 1, not {max_batched_tokens!r}.")
@@ -130,22 +136,7 @@ class ContinuousScheduler(Engine):
             self.now = self.waiting[0].arrival_s  # idle until the next arrival
         self._admit()
         decoders, chunks = self._plan()
-        produced, device = [], self.model.device
-        if decoders:  # one token for every request whose tokens are all cached but the newest
-            ids = torch.tensor([[a.request.tokens[a.computed]] for a in decoders], device=device)  # [rows, 1]
-            view = RaggedPagedView(self.pool, [a.blocks for a in decoders], [a.computed for a in decoders],
-                                   [1] * len(decoders))
-            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view),
-                            context=sum(a.computed for a in decoders))
-            produced += self._advance(decoders, [1] * len(decoders), out)
-        if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
-            rows, news = [a for a, _ in chunks], [n for _, n in chunks]
-            ids, _ = left_pad([a.request.tokens[a.computed:a.computed + n] for a, n in chunks],
-                              device=device)  # [rows, width]
-            view = RaggedPagedView(self.pool, [a.blocks for a in rows], [a.computed for a in rows], news)
-            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view),
-                            context=sum(a.computed for a in rows))
-            produced += self._advance(rows, news, out)
+        produced = self._flat_call(decoders, chunks) if self.flatten else self._padded_calls(decoders, chunks)
         for a, token in produced:  # every token of the iteration comes out when it ends
             self.emit(a.request, token)
         for a in [a for a in self.running if a.request.done]:
@@ -232,15 +223,48 @@ class ContinuousScheduler(Engine):
         self.pool.extend([a.blocks for a, _ in rows], [a.computed + n for a, n in rows])
         return decoders, chunks
 
-    def _advance(self, rows: list[Admission], news: list[int], out) -> list:
-        """Count the new cached positions; a row whose tokens are now all cached gets its next token."""
+    def _padded_calls(self, decoders: list[Admission], chunks: list) -> list:
+        """The iteration as a padded decode call and a padded prompt-chunk call; returns the (admission, token)s."""
+        produced, device = [], self.model.device
+        if decoders:  # one token for every request whose tokens are all cached but the newest
+            ids = torch.tensor([[a.request.tokens[a.computed]] for a in decoders], device=device)  # [rows, 1]
+            view = RaggedPagedView(self.pool, [a.blocks for a in decoders], [a.computed for a in decoders],
+                                   [1] * len(decoders))
+            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view),
+                            context=sum(a.computed for a in decoders))
+            produced += self._advance(decoders, [1] * len(decoders), out.logits[:, -1])
+        if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
+            rows, news = [a for a, _ in chunks], [n for _, n in chunks]
+            ids, _ = left_pad([a.request.tokens[a.computed:a.computed + n] for a, n in chunks],
+                              device=device)  # [rows, width]
+            view = RaggedPagedView(self.pool, [a.blocks for a in rows], [a.computed for a in rows], news)
+            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view),
+                            context=sum(a.computed for a in rows))
+            produced += self._advance(rows, news, out.logits[:, -1])
+        return produced
+
+    def _flat_call(self, decoders: list[Admission], chunks: list) -> list:
+        """The iteration as one flattened call (flat_step.py): decodes and prompt chunks end to end, no padding;
+        returns the (admission, token)s."""
+        rows, news = decoders + [a for a, _ in chunks], [1] * len(decoders) + [n for _, n in chunks]
+        if not rows:
+            return []
+        tokens = [a.request.tokens[a.computed:a.computed + n] for a, n in zip(rows, news)]
+        logits = self.call("mixed", len(rows), sum(news), lambda: flat_step(
+            self.model, self.pool, [a.blocks for a in rows], [a.computed for a in rows], tokens),
+            context=sum(a.computed for a in rows))  # [rows, vocab]
+        return self._advance(rows, news, logits)
+
+    def _advance(self, rows: list[Admission], news: list[int], logits: torch.Tensor) -> list:
+        """Count the new cached positions; a row whose tokens are now all cached gets its next token from its
+        logits (`logits[i]`, `[vocab]`: the row's last new token)."""
         produced = []
         for i, (a, new) in enumerate(zip(rows, news)):
             a.computed += new
             if a.pending == 0:
                 if self.prefix_cache is not None and not a.request.output:  # the prompt is in: share its full blocks
                     self.prefix_cache.insert(a.request.prompt, a.blocks)
-                produced.append((a, self.choose(a.request, out.logits[i, -1])))
+                produced.append((a, self.choose(a.request, logits[i])))
         return produced
 
     def _release(self, a: Admission, finished: bool) -> None:

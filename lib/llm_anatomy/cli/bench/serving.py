@@ -15,7 +15,10 @@ Figures, all on one fixed, seeded mix of requests (mostly short answers and a fe
 - KV memory utilisation, reserve-max-length against paged, for 1,000 requests whose lengths (ShareGPT's published
   means, log-normal parts) are known only at the end (the vLLM paper: 20-38% for earlier servers, over 90% paged);
 - prefix caching: TTFT of a request whose long system prompt is not cached, over one whose is;
-- our continuous batching against transformers' own engine (`generate_batch`) on the same requests, all at once.
+- our continuous batching against transformers' own engine (`generate_batch`) on the same requests, all at once;
+- the continuous engine padded (a decode call and a padded prompt-chunk call per iteration) against flattened (one
+  call per iteration, serve/flat_step.py) on the trace's requests all waiting at once: the same tokens (checked),
+  tokens/s of each on the measured clock (the faster of two alternating runs) and their ratio.
 Timings depend on the machine and on what else runs on it (`--threads 1` helps on a busy, shared machine).
 """
 
@@ -59,6 +62,30 @@ def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_si
         hit.append(again.ttft_s)
     return {"system_tokens": len(system), "question_tokens": len(questions[0]), "ttft_miss_s": statistics.median(miss),
             "ttft_hit_s": statistics.median(hit), "speedup": statistics.median(miss) / statistics.median(hit)}
+
+
+def _flattened_against_padded(model, requests, max_batch: int, budget: int, max_len: int, block_size: int) -> dict:
+    """Output tokens per second of the continuous engine padded and flattened on `requests` (all waiting at time 0),
+    each the faster of two runs taken in turns; raises CourseError when they give different tokens."""
+    from ...errors import CourseError
+    from ...serve.batching import Request
+    from ...serve.paged_kv import PagedKVPool, blocks_for
+    from ...serve.scheduler import ContinuousScheduler
+
+    waiting = [Request(r.prompt, r.max_new_tokens, 0.0, r.eos_token_id) for r in requests]
+    seconds, outputs = {"padded": [], "flattened": []}, {}
+    for _ in range(2):
+        for name in seconds:
+            pool = PagedKVPool.for_model(model, max_batch * blocks_for(max_len, block_size) + 4, block_size)
+            engine = ContinuousScheduler(model, pool, max_batch, budget, flatten=name == "flattened")
+            outputs[name] = [r.output for r in engine.run(waiting)]
+            seconds[name].append(engine.now)
+    if outputs["padded"] != outputs["flattened"]:
+        raise CourseError("The flattened engine gave other tokens than the padded one on the same requests.")
+    tokens = sum(map(len, outputs["padded"]))
+    rates = {f"{name}_tokens_per_s": tokens / min(s) for name, s in seconds.items()}
+    return {"requests": len(waiting), "output_tokens": tokens, **rates, "same_tokens": True,
+            "ratio": rates["flattened_tokens_per_s"] / rates["padded_tokens_per_s"]}
 
 
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, dtype: str = "fp32",
@@ -146,6 +173,10 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                                    "theirs_tokens_per_s": tokens / theirs_s,
                                    "ratio": theirs_s / ours_engine.now,
                                    "same_tokens": [r.output for r in ours] == theirs}
+
+    # 5. one flattened call per iteration against the padded decode and prompt-chunk calls
+    log("continuous batching padded against flattened, every request waiting at once ...")
+    result["flattened"] = _flattened_against_padded(model, trace, sizes["batch"], sizes["budget"], most, block_size)
     return result
 
 
@@ -189,6 +220,10 @@ def format_table(r: dict) -> str:
     lines.append(f"ours vs transformers generate_batch, {g['requests']} requests x {g['new_tokens']} tokens: "
                  f"{g['ours_tokens_per_s']:.1f} vs {g['theirs_tokens_per_s']:.1f} tokens/s ({g['ratio']:.2f}x); "
                  f"same tokens: {g['same_tokens']}")
+    f = r["flattened"]
+    lines.append(f"continuous, {f['requests']} requests all waiting: padded {f['padded_tokens_per_s']:.1f} vs "
+                 f"flattened {f['flattened_tokens_per_s']:.1f} tokens/s ({f['ratio']:.2f}x); "
+                 f"same tokens: {f['same_tokens']}")
     return "\n".join(lines)
 
 
