@@ -217,6 +217,7 @@ def _static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
     out["eager_tokens_per_s"] = n / eager
     if compile_:
         with torch.inference_mode():
+            reset()  # compiling calls the step twice (tracing, then the first compiled call): room for both
             compiled, seconds, breaks = compile_step(decoder._step, dev, mode="reduce-overhead" if dev.type == "cuda" else None)
             decoder._step = compiled  # step() now runs the compiled step
             t = time_it(run, dev, warmup=1, repeats=reps).median_s
