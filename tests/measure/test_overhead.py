@@ -16,8 +16,9 @@ from llm_anatomy.model.scratch import ScratchLlama
 PEAKS = Peaks("test", "fp32", flops_per_s=1e11, bytes_per_s=1e10, how="by hand")  # ridge at 10 FLOP/byte
 
 
-def test_a_decode_step_is_counted_op_by_op(tiny_model):
-    model = ScratchLlama.from_hf(tiny_model)
+def _decode_step_of(hf_model):
+    """A ScratchLlama of `hf_model` and one repeatable decode step of it (the cache rewound to 3 positions)."""
+    model = ScratchLlama.from_hf(hf_model)
     cache = model.new_cache(1, 16)
     prefill(model, torch.tensor([[5, 6, 7]]), cache)
     token = torch.tensor([[8]])
@@ -25,6 +26,11 @@ def test_a_decode_step_is_counted_op_by_op(tiny_model):
     def step():
         cache.length = 3
         decode_step(model, token, cache)
+    return model, step
+
+
+def test_a_decode_step_is_counted_op_by_op(tiny_model):
+    model, step = _decode_step_of(tiny_model)
 
     ops = count_step_ops(step)
     layers = model.cfg.num_layers
@@ -83,13 +89,7 @@ def test_a_step_far_above_every_bound_is_unexplained():
 
 
 def test_the_op_mix_cost_is_a_real_step_over_its_op_count(tiny_model):
-    model = ScratchLlama.from_hf(tiny_model)
-    cache = model.new_cache(1, 16)
-    prefill(model, torch.tensor([[5, 6, 7]]), cache)
-
-    def step():
-        cache.length = 3
-        decode_step(model, torch.tensor([[8]]), cache)
+    model, step = _decode_step_of(tiny_model)
 
     per_op, ops = op_mix_cost_s(step, repeats=3)
     assert ops == count_step_ops(step).ops and 0 < per_op < 0.1  # seconds per op: far from a tenth of a second
@@ -194,13 +194,7 @@ def test_the_measured_rest_of_the_step_replaces_the_dispatch_estimate():
 def test_the_timeline_is_the_steps_ops_in_order(tiny_model):
     from llm_anatomy.measure.step_parts import Span, busy_share, step_timeline
 
-    model = ScratchLlama.from_hf(tiny_model)
-    cache = model.new_cache(1, 16)
-    prefill(model, torch.tensor([[5, 6, 7]]), cache)
-
-    def step():
-        cache.length = 3
-        decode_step(model, torch.tensor([[8]]), cache)
+    model, step = _decode_step_of(tiny_model)
 
     rows = step_timeline(step)
     spans = rows["cpu"]

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request, run_static
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
-from llm_anatomy.model.scratch import ScratchLlama
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def test_a_request_records_its_times_and_knows_when_it_is_done():

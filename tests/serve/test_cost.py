@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.errors import CourseError
 from llm_anatomy.measure.timing import Timing
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.batching import Request, run_static
 from llm_anatomy.serve.cost import (Calibration, StepCost, calibrate, claim_step_grows_less_than_batch,
                                     fit_step_cost, predicted_seconds)
@@ -16,11 +14,6 @@ from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 
 COST = StepCost(decode_call_s=0.05, decode_row_s=0.002, prefill_call_s=0.06, prefill_token_s=0.001, context_s=1e-6)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def test_the_formula_charges_the_weights_once_per_call_and_the_kv_per_row():

@@ -13,22 +13,10 @@ from llm_anatomy.generate.sampling import SamplingSettings
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.serve.flat_step import flat_step
-from llm_anatomy.serve.metrics import poisson_trace
 from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView
 from llm_anatomy.serve.scheduler import ContinuousScheduler
-from llm_anatomy.weights.random import random_llama
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
-
-
-@pytest.fixture(scope="module")
-def trace():
-    return poisson_trace(12, 40.0, [1, 3, 5, 9, 17], [1, 2, 4, 12], seed=3, vocab_size=128)
 
 
 def _both_ways(model, tokens, cached, block_size=4):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.errors import CourseError
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.cost import StepCost
 from llm_anatomy.serve.load import (claim_short_requests_wait_less, engines, goodput_rate, load_sweep,
                                     service_rate, slo_attainment)
@@ -15,11 +13,6 @@ from llm_anatomy.serve.metrics import poisson_trace
 
 COST = StepCost(decode_call_s=0.05, decode_row_s=0.004, prefill_call_s=0.06, prefill_token_s=0.0015, context_s=2e-6)
 PROMPTS, OUTPUTS = [4, 8, 12], [2, 2, 3, 16]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,8 @@ import torch.nn.functional as F
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import prefill
 from llm_anatomy.model.attention import repeat_kv
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.paged_attention import gather_then_attend, gathered_bytes, paged_decode_attention
 from llm_anatomy.serve.paged_kv import PagedKVPool
-from llm_anatomy.weights.random import random_llama
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def test_reading_the_blocks_in_place_equals_sdpa_over_the_contiguous_cache(tiny):

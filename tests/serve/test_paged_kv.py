@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for, slot_mapping
 from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.model.scratch import ScratchLlama
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 @pytest.fixture(scope="module")

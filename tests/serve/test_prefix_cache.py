@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.generate.decode import generate_greedy
@@ -13,14 +12,8 @@ from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.serve.prefix_cache import PrefixCache, block_keys, claim_hits_skip_work
 from llm_anatomy.serve.scheduler import ContinuousScheduler
-from llm_anatomy.model.scratch import ScratchLlama
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def test_keys_name_the_whole_prefix_up_to_their_block():

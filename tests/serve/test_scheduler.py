@@ -7,27 +7,16 @@ import math
 
 import pytest
 import torch
-from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.serve.batching import Request, run_static
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
-from llm_anatomy.serve.metrics import poisson_trace, transformers_generate_batch
+from llm_anatomy.serve.metrics import transformers_generate_batch
 from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler, admit
 from llm_anatomy.model.scratch import ScratchLlama
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
-
-
-@pytest.fixture(scope="module")
-def trace():
-    return poisson_trace(12, 40.0, [1, 3, 5, 9, 17], [1, 2, 4, 12], seed=3, vocab_size=128)
 
 
 def _alone(model, requests):

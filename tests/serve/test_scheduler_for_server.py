@@ -9,16 +9,9 @@ import torch
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import decode_step, generate_greedy, prefill
 from llm_anatomy.generate.sampling import SamplingSettings, sample_with, seeded_generator, token_logprobs
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler
-from llm_anatomy.weights.random import random_llama
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def _scheduler(model, blocks=64, block_size=4, **kwargs):

@@ -8,14 +8,7 @@ import torch
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import left_pad
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.selective import flattened_prefill, padded_tokens
-from llm_anatomy.weights.random import random_llama
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return ScratchLlama.from_hf(random_llama())
 
 
 def test_the_flattened_stream_equals_the_padded_batch_and_each_prompt_alone(tiny):

@@ -30,14 +30,20 @@ def plot_request_timeline(requests: dict[str, list[float]], ax=None, title: str 
         gap = f", then one every {median_decode_step_s(steps[1:]) * 1e3:.1f} ms (median)" if decode_ms else ""
         ax.annotate(f"first token at {ttft_ms:.0f} ms{gap}", (start, row), xytext=(6, -3),
                     textcoords="offset points", fontsize=8)
-    ax.set_yticks(range(len(requests)), list(requests))
-    ax.set_ylim(-0.6, len(requests) - 0.2)
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the request reached the model (ms)")
-    ax.set_title(title or "One request: prefill, then one decode step per token")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    _label_rows(ax, list(requests), "time since the request reached the model (ms)",
+                title or "One request: prefill, then one decode step per token", top=0.2)
     ax.margins(x=0.45)
     return ax
+
+
+def _label_rows(ax, labels: list[str], xlabel: str, title: str, top: float) -> None:
+    """One labelled row per entry, the first at the top, the legend outside the plot on the right."""
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(-0.6, len(labels) - top)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
 
 
 MATMUL_OPS = ("linear", "mm", "addmm", "bmm", "matmul", "_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")
@@ -65,10 +71,5 @@ def plot_step_timeline(rows: dict[str, list], ax=None, title: str | None = None)
                     color="tab:blue" if kind == "matrix products" else "tab:orange",
                     label=None if kind in labelled else kind)
             labelled.add(kind)
-    ax.set_yticks(range(len(rows)), list(rows))
-    ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.invert_yaxis()
-    ax.set_xlabel("time since the step's first op (ms)")
-    ax.set_title(title or "One decode step, op by op")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
+    _label_rows(ax, list(rows), "time since the step's first op (ms)", title or "One decode step, op by op", top=0.4)
     return ax
