@@ -3,6 +3,8 @@ and error, a rank that never joins is a clear timeout, a stalled run meets its d
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 import rank_targets
@@ -25,12 +27,27 @@ def _children() -> set[int]:
     return out
 
 
+def _described(pids: set[int]) -> str:
+    out = []
+    for pid in sorted(pids):
+        try:
+            out.append(f"{pid} ({' '.join(psutil.Process(pid).cmdline())[:120]})")
+        except psutil.Error:
+            out.append(f"{pid} (gone)")
+    return ", ".join(out)
+
+
 @pytest.fixture
 def no_rank_left_behind():
     before = _children()
     yield
     left = _children() - before
-    assert not left, f"processes left behind: {left}"
+    for _ in range(50):  # one still exiting as the call returns gets up to 5 s to be gone; a rank kept alive does not
+        if not left:
+            break
+        time.sleep(0.1)
+        left = _children() - before
+    assert not left, f"processes left behind: {_described(left)}"
 
 
 pytestmark = pytest.mark.usefixtures("no_rank_left_behind")
