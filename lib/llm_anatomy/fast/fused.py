@@ -78,12 +78,11 @@ class FusedAttention(Attention):
 
 class FusedRMSNorm(nn.Module):
     """RMSNorm in one call (torch's fused kernel) instead of seven small ones, on the plain norm's own weight
-    (shared, not copied), or on a copy in `dtype` when one is given (packed.py's bf16 model)."""
+    (shared, not copied)."""
 
-    def __init__(self, plain: RMSNorm, dtype: torch.dtype | None = None):
+    def __init__(self, plain: RMSNorm):
         super().__init__()
-        self.eps = plain.eps
-        self.weight = plain.weight if dtype is None else nn.Parameter(plain.weight.detach().to(dtype), requires_grad=False)
+        self.eps, self.weight = plain.eps, plain.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # new: x / sqrt(mean(x^2) + eps) * weight

@@ -60,6 +60,24 @@ def _inside_aten(event) -> bool:
     return False
 
 
+def profiled_events(fn, device: torch.device) -> list:
+    """The profiler's events of one call of `fn()` (CPU ops and, on a GPU, its kernels), the device synchronized."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    return list(prof.events())
+
+
+def python_ops(events) -> list:
+    """The aten ops that Python called among profiler `events`: an op PyTorch implements with others (linear = t +
+    mm, softmax, ...) is one op, its parts are not counted again."""
+    return [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
+
+
 def _profile(fn, device: torch.device) -> StepOps:
     """One call of `fn()` under torch.profiler: the course's one op counter.
 
@@ -69,16 +87,9 @@ def _profile(fn, device: torch.device) -> StepOps:
     tiny test model where this counts 169, and under inference_mode the same 169.)
     """
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    synchronize(device)
-    with profile(activities=activities) as prof:
-        fn()
-        synchronize(device)
-    events = list(prof.events())
-    top = [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
+    events = profiled_events(fn, device)
+    top = python_ops(events)
     on_gpu = [e for e in events if e.device_type == DeviceType.CUDA]
     launches = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in _LAUNCH_CALLS)
     kernel_s = sum(e.time_range.elapsed_us() for e in on_gpu) / 1e6

@@ -3,8 +3,8 @@
 The three bounds of `overhead` are ideal floors: every byte at the streaming bandwidth, every FLOP at the peak, and
 they overlap on a GPU, where the CPU queues kernels while the GPU runs earlier ones. On a CPU the same cores
 dispatch each op and then run it, so the parts of a step add up: its matmuls' own time (their kernels attain a
-bandwidth or FLOP/s of their own, often far below the peaks) plus its other ops' dispatch. `time_matmuls` measures
-the first part, `serial_regime` names the regime from both, and `step_timeline` shows one step op by op.
+bandwidth or FLOP/s of their own, often far below the peaks) plus the rest of the step. `time_matmuls` times both
+parts, `serial_regime` names the regime from them, and `step_timeline` shows one step op by op.
 Units: seconds, FLOP, bytes.
 """
 
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import synchronize
 from ..errors import CourseError
-from .overhead import UNEXPLAINED, _inside_aten
+from .overhead import UNEXPLAINED, profiled_events, python_ops
 from .peaks import Peaks
 from .timing import time_it
 
@@ -194,19 +193,12 @@ def step_timeline(fn, device: torch.device | str = "cpu") -> dict[str, list[Span
     between spans are what the step spent outside ops (Python, the dispatcher) or, on a GPU, waiting for launches.
     """
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
-    cuda = device.type == "cuda"
-    fn()
-    synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        fn()
-        synchronize(device)
-    events = list(prof.events())
-    rows = {"cpu": [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")
-                    and not _inside_aten(e)]}
-    if cuda:
+    fn()  # warm-up; profiled_events synchronizes before it starts the profiler
+    events = profiled_events(fn, device)
+    rows = {"cpu": python_ops(events)}
+    if device.type == "cuda":
         rows["gpu"] = [e for e in events if e.device_type == DeviceType.CUDA]
     starts = [e.time_range.start for row in rows.values() for e in row]
     if not starts:
