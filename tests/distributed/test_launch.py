@@ -16,11 +16,13 @@ from llm_anatomy.errors import CourseError
 
 
 def _children() -> set[int]:
-    """This process's live child processes, without multiprocessing's resource tracker (one per parent, by design)."""
+    """This process's live ranks: the processes multiprocessing spawned (spawn_main), not its resource tracker (one
+    per parent, by design), and not another test's helpers (a browser test's Chromium starts utility processes late)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+            command = " ".join(p.cmdline())
+            if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in command and "resource_tracker" not in command:
                 out.add(p.pid)
         except psutil.Error:
             pass
