@@ -18,6 +18,8 @@ def test_serve_is_a_command_and_binds_this_machine_only_by_default(monkeypatch):
     assert seen["max_batched_tokens"] is None and seen["prefix_cache"] is True and seen["ttft_objective_s"] is None
     assert serve.main(["--max-waiting", "auto", "--ttft-objective-ms", "500"]) == 0
     assert (seen["max_waiting"], seen["ttft_objective_s"]) == ("auto", 0.5)
+    assert seen["prefill_first"] is True  # new prompts get a step of their own, by default
+    assert serve.main(["--mixed-steps"]) == 0 and seen["prefill_first"] is False
 
 
 def test_serve_help_names_the_options():

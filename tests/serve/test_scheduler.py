@@ -91,6 +91,27 @@ def test_chunked_prefill_caps_each_iteration_and_smooths_the_decoders_gaps(tiny)
     assert ttft[16] > ttft[None]  # the price: the long prompt's own first token comes later
 
 
+@pytest.mark.parametrize("budget, flatten", [(None, False), (3, False), (None, True), (5, True)])
+def test_prefill_first_runs_prompts_alone_and_gives_a_new_request_its_first_token_sooner(tiny, trace, budget, flatten):
+    sched = _scheduler(tiny, 64, 4, max_batch=4, max_batched_tokens=budget, cost=COST, flatten=flatten,
+                       prefill_first=True)
+    assert [r.output for r in sched.run(trace)] == _alone(tiny, trace)
+    if not flatten:  # no iteration has a decode call beside a prompt call: each prompt's iteration is its own
+        per_step = {}
+        for c in sched.calls:
+            per_step.setdefault(c.start_s, []).append(c.kind)
+        assert all(kinds in (["decode"], ["prefill"]) for kinds in per_step.values())
+    # one long decoder and a request arriving while it decodes: its first token comes after its prompt's call only
+    ttft, gaps = {}, {}
+    for first in (False, True):
+        old, new = Request([5, 6, 7], 30, arrival_s=0.0), Request([3 + i for i in range(12)], 2, arrival_s=0.1)
+        out = _scheduler(tiny, 64, 4, max_batch=4, cost=COST, flatten=flatten, prefill_first=first).run([old, new])
+        ttft[first] = out[1].ttft_s
+        gaps[first] = max(b - a for a, b in zip(out[0].token_times, out[0].token_times[1:]))
+    assert ttft[True] < ttft[False]  # the decode call it no longer waits for
+    assert gaps[True] >= gaps[False] - 1e-9  # the price: the decoder waits a prompt's iteration before its next token
+
+
 def test_preemption_by_recompute_never_loses_a_produced_token(tiny, trace):
     sched = _scheduler(tiny, 8, 4, max_batch=6, cost=COST)  # 8 blocks of 4: too few for everyone at once
     reqs = [sched.submit(r.fresh()) for r in trace]
@@ -177,6 +198,9 @@ def test_a_request_is_submitted_once_and_bad_settings_are_refused(tiny):
             _scheduler(tiny, max_batch=bad)
         with pytest.raises(CourseError):
             _scheduler(tiny, max_batched_tokens=bad)
+    for name in ("flatten", "prefill_first"):
+        with pytest.raises(CourseError, match=f"{name} must be True or False"):
+            _scheduler(tiny, **{name: 1})
     assert not _scheduler(tiny).step()  # nothing to do
 
 

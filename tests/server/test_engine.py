@@ -30,6 +30,13 @@ def test_a_bad_queue_limit_is_refused(tiny_model):
             EngineLoop(tiny_model, None, max_waiting=bad)
 
 
+def test_the_engine_runs_new_prompts_first_unless_told_to_mix_them(scratch_tiny, reference_tokenizer):
+    assert EngineLoop(scratch_tiny, reference_tokenizer, kv_blocks=8).scheduler.prefill_first is True
+    assert EngineLoop(scratch_tiny, reference_tokenizer, kv_blocks=8, prefill_first=False).scheduler.prefill_first is False
+    with pytest.raises(CourseError, match="prefill_first must be True or False"):
+        EngineLoop(scratch_tiny, reference_tokenizer, kv_blocks=8, prefill_first="yes")
+
+
 def test_tokens_are_stamped_on_the_wall_clock_when_they_come_out(scratch_tiny):
     # the scheduler's own clock advances by its model calls only (a few ms here); the server's is the wall clock
     from llm_anatomy.serve.batching import Request

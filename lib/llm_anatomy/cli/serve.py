@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttft-objective-ms", type=float, default=None,
                    help="the TTFT objective of --max-waiting auto (default: 3x the shortest recent prefill)")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
+    p.add_argument("--mixed-steps", action="store_true",
+                   help="run new prompts in the same step as the running decodes (default: a step of their own "
+                        "first, so a new request's first token does not wait for the others' decode step)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -62,5 +65,5 @@ def main(argv: list[str] | None = None) -> int:
         max_batched_tokens=args.max_batched_tokens, prefix_cache=not args.no_prefix_cache,
         max_waiting=args.max_waiting, ttft_objective_s=None if args.ttft_objective_ms is None else
         args.ttft_objective_ms / 1e3, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-        default_max_tokens=args.default_max_tokens)
+        default_max_tokens=args.default_max_tokens, prefill_first=not args.mixed_steps)
     return 0

@@ -81,15 +81,18 @@ class ContinuousScheduler(Engine):
     pool: a PagedKVPool for the model; max_batch: requests decoding together at most; max_batched_tokens: tokens
     per iteration (decodes first, then prompt chunks; None = whole prompts at once); prefix_cache: keep and reuse
     full prompt blocks (prefix_cache.py); flatten: one flattened model call per iteration (flat_step.py) instead of
-    a padded decode call and a padded prompt-chunk call. submit() requests, then step() (one iteration) or run() them.
+    a padded decode call and a padded prompt-chunk call; prefill_first: an iteration with prompt tokens to run runs
+    only those, and the decodes wait for the next (SGLang's default, and vLLM's before chunked prefill), so a new
+    request's first token does not wait for the others' decode step. submit() requests, then step() or run() them.
     """
 
     def __init__(self, model, pool: PagedKVPool, max_batch: int = 8, max_batched_tokens: int | None = None,
-                 prefix_cache: bool = False, cost=None, flatten: bool = False):
+                 prefix_cache: bool = False, cost=None, flatten: bool = False, prefill_first: bool = False):
         super().__init__(model, max_batch, cost)
-        if not isinstance(flatten, bool):
-            raise CourseError(f"flatten must be True or False, not {flatten!r}.")
-        self.flatten = flatten
+        for name, value in (("flatten", flatten), ("prefill_first", prefill_first)):
+            if not isinstance(value, bool):
+                raise CourseError(f"{name} must be True or False, not {value!r}.")
+        self.flatten, self.prefill_first = flatten, prefill_first
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or
                                                not isinstance(max_batched_tokens, int) or max_batched_tokens < 1):
             raise CourseError(f"max_batched_tokens must be None or a whole number >= 1, not {max_batched_tokens!r}.")
@@ -204,11 +207,13 @@ class ContinuousScheduler(Engine):
     def _plan(self):
         """This iteration's decoders and prompt chunks, their blocks allocated (preempting if the pool is short)."""
         while True:
-            decoders = [a for a in self.running if a.pending == 1 and a.computed]
+            ready = [a for a in self.running if a.pending == 1 and a.computed]  # one new token each
+            prompts = [a for a in self.running if a not in ready]
+            decoders = [] if self.prefill_first and prompts else ready
             budget = math.inf if self.max_batched_tokens is None else self.max_batched_tokens - len(decoders)
             chunks = []
-            for a in self.running:
-                if a not in decoders and budget > 0:
+            for a in prompts:
+                if budget > 0:
                     chunks.append((a, int(min(a.pending, budget))))
                     budget -= chunks[-1][1]
             rows = [(a, 1) for a in decoders] + chunks

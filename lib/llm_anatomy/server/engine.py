@@ -86,17 +86,19 @@ class EngineLoop:
     kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
     max_waiting: requests that may wait for a slot (None: no limit; "auto": sized from ttft_objective_s, seconds, or
     by default 3x the shortest recent prefill, by Little's law: sizing.py); metrics: a server.metrics.Metrics, or None.
+    prefill_first: a step with prompt tokens to run runs only those (serve/scheduler.py), so that a new request's
+    first token does not also wait for the running requests' decode step; they wait that one step instead.
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 8, kv_blocks: int = 512, block_size: int = 16,
                  max_batched_tokens: int | None = 256, prefix_cache: bool = True,
                  max_waiting: int | str | None = None, ttft_objective_s: float | None = None,
-                 metrics=None, keep_records: int = 2000):
+                 metrics=None, keep_records: int = 2000, prefill_first: bool = True):
         check_max_waiting(max_waiting)
         self.sizer = QueueSizer(ttft_objective_s)  # max_waiting "auto": the limit sized from the TTFT objective
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
         self.scheduler = WallClockScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
-                                            clock=self.clock)
+                                            prefill_first=prefill_first, clock=self.clock)
         self.model, self.tokenizer, self.metrics, self.max_waiting = model, tokenizer, metrics, max_waiting
         self.context = model.cfg.max_position_embeddings
         self.capacity = kv_blocks * block_size  # positions the whole pool holds

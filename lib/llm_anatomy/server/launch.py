@@ -44,8 +44,7 @@ def free_port() -> int:
 def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, kv_blocks: int = 512,
           block_size: int = 16, max_batched_tokens: int | None = 256, prefix_cache: bool = True,
           max_waiting: int | str | None = None, ttft_objective_s: float | None = None, api_key: str | None = None,
-          max_body_bytes: int = 1 << 20,
-          default_max_tokens: int = 256):
+          max_body_bytes: int = 1 << 20, default_max_tokens: int = 256, prefill_first: bool = True):
     """A Server (app.py) on an EngineLoop over the from-scratch model (fp32 on a CPU), warmed up, not yet started."""
     import torch
 
@@ -62,7 +61,7 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
     engine = EngineLoop(ScratchLlama.from_hf(loaded.model), loaded.tokenizer, max_batch=max_batch,
                         kv_blocks=kv_blocks, block_size=block_size, max_batched_tokens=max_batched_tokens,
                         prefix_cache=prefix_cache, max_waiting=max_waiting,
-                        ttft_objective_s=ttft_objective_s, metrics=metrics)
+                        ttft_objective_s=ttft_objective_s, metrics=metrics, prefill_first=prefill_first)
     engine.scheduler.run([Request([1, 2, 3, 4, 5], 3)])  # the first calls pay for allocation: not a client
     engine.scheduler.finished.clear()
     chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "hello"}])  # so does the chat template's
@@ -86,7 +85,8 @@ def run(host: str = "127.0.0.1", port: int = 8000, log=print, **options) -> None
     server = build(**options)
     engine = server.engine
     log(f"serving {server.name} on http://{host}:{port}/v1 (max batch {engine.scheduler.max_batch}, "
-        f"{engine.scheduler.pool.num_blocks} KV blocks of {engine.scheduler.pool.block_size}, queue limit "
+        f"{engine.scheduler.pool.num_blocks} KV blocks of {engine.scheduler.pool.block_size}, "
+        f"{'prefill first' if engine.scheduler.prefill_first else 'prompts and decodes mixed'}, queue limit "
         f"{engine.max_waiting}, API key {'required' if server.api_key else 'not required'})")
     uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=3)
