@@ -34,7 +34,7 @@ def served():
     return dict(COST=COST, static=static, continuous=scheduler.run(trace), static_calls=static_calls,
                 scheduler=scheduler, calibration=types.SimpleNamespace(noise_warning=lambda: ""),
                 serving_metrics=serving_metrics, claim=claim, reading=reading, display=lambda *a: None,
-                print=lambda *a: None)
+                print=lambda *a: None, DTYPES="")
 
 
 def test_08_c15_on_one_trace_holds(served):
