@@ -85,14 +85,14 @@ def test_the_compiled_static_step_has_room_for_its_tracing_calls(tiny_model, mon
 
 def test_where_the_packed_tokens_part_from_fp32s(tiny_model):
     # each re-rounding alone; fp32's margin read where a variant first differs, at the token fp32 chose there
-    from llm_anatomy.cli.bench import fast
+    from llm_anatomy.fast.packed import difference_sources
     from llm_anatomy.generate.decode import generate_greedy
     from llm_anatomy.model.scratch import ScratchLlama
 
     plain = ScratchLlama.from_hf(tiny_model)
     prompt = torch.tensor([[5, 6, 7, 8]])
     reference = generate_greedy(plain, prompt, 12).tokens[0]
-    rows = fast._difference_sources(plain, prompt, reference)
+    rows = difference_sources(plain, prompt, reference)
     assert set(rows) == {"int8 body, fp32 head", "int4 g32 body, fp32 head", "fp32 body, int8 head"}
     for row in rows.values():
         assert row["tokens_compared"] == 12 and 0 <= row["equal_prefix"] <= 12
@@ -100,7 +100,7 @@ def test_where_the_packed_tokens_part_from_fp32s(tiny_model):
         assert row.get("fp32_margin_at_first_difference", 0) >= 0
     # against a reference that is not fp32's own choice, the variants part at once, and the margin is still fp32's
     wrong = (reference + 1) % plain.cfg.vocab_size
-    rows = fast._difference_sources(plain, prompt, wrong)
+    rows = difference_sources(plain, prompt, wrong)
     assert all(row["equal_prefix"] == 0 for row in rows.values())
     logits = plain.trace(prompt, keep_hidden=False, logits_to_keep=1).logits[0, -1].float().topk(2).values
     assert all(row["fp32_margin_at_first_difference"] == pytest.approx(float(logits[0] - logits[1]), abs=1e-5)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CourseError
+from ..generate.decode import generate_greedy
 from ..model.scratch import ScratchLlama
 from .fused import Projection, fuse, sdpa_attend
 from .quantize import int4_codes, quantize_int8_per_channel
@@ -213,3 +214,39 @@ def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], by
              f"({bytes_per_token[fmt] / seconds[fmt] / 1e9:.1f} GB/s against {bytes_per_token[reference] / base / 1e9:.1f})"
              for fmt in reading_codes]
     return all(seconds[fmt] < base for fmt in reading_codes), "; ".join(parts)
+
+
+def token_agreement(model, prompt: torch.Tensor, reference: torch.Tensor) -> dict:
+    """The model's greedy tokens after `prompt` [1, seq] against `reference` [n] (the fp32 model's, on the CPU):
+    equal for how many from the start, whether the first 32 are, and the share of positions that agree."""
+    ours = generate_greedy(model, prompt, len(reference)).tokens[0].cpu()
+    same = (ours == reference).long().cumprod(0)  # 1 while every token so far agreed
+    return {"tokens_compared": len(reference), "equal_prefix": int(same.sum()), "first_32_equal": bool(same[:32].all()),
+            "agreement": float((ours == reference).float().mean())}
+
+
+def difference_sources(plain, chat, reference: torch.Tensor) -> dict:
+    """Where the packed models' tokens part from fp32's: each re-rounding alone, the rest of the model fp32.
+
+    The fp32 model holds the file's grids (Q4_1 blocks of 32 with a minimum, the head Q8_0 blocks of 32), so int4 g32
+    holds the blocks' weights on their own grid while int8's one scale a row re-rounds them, body and head alike.
+    For each variant: how many greedy tokens equal fp32's, and fp32's own margin (top logit minus the second) at the
+    first token that differs: a small margin is a near tie, which any change of rounding may turn over.
+    """
+    head8 = lambda: PackedProjection(plain.lm_head.weight, "int8")  # noqa: E731  (the head, one scale a row)
+    variants = {"int8 body, fp32 head": pack(plain, "int8"), "int4 g32 body, fp32 head": pack(plain, "int4"),
+                "fp32 body, int8 head": fuse(plain, attend=sdpa_attend)}
+    for name, model in variants.items():
+        model.lm_head = head8() if name.endswith("int8 head") else plain.lm_head
+    rows = {}
+    for name, model in variants.items():
+        row = {key: value for key, value in token_agreement(model, chat, reference).items()
+               if key in ("equal_prefix", "tokens_compared")}
+        equal = row["equal_prefix"]
+        if equal < len(reference):  # fp32's logits where it chose reference[equal]
+            ids = torch.cat([chat, reference[:equal][None].to(chat.device)], dim=1)
+            with torch.inference_mode():
+                top2 = plain.trace(ids, keep_hidden=False, logits_to_keep=1).logits[0, -1].float().topk(2).values
+            row["fp32_margin_at_first_difference"] = float(top2[0] - top2[1])
+        rows[name] = row
+    return rows

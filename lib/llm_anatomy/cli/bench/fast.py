@@ -27,12 +27,12 @@ from ...model.attention import attention
 from ...generate.decode import StaticDecoder, generate_greedy
 from ...device import default_dtype, pick_device
 from ...errors import CourseError
-from ...fast.fused import compile_step, fuse, sdpa_attend
+from ...fast.fused import compile_step, fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.timing import time_interleaved, time_it
-from ...fast.packed import PackedProjection, decode_bytes_per_token, kernel_status, pack
+from ...fast.packed import decode_bytes_per_token, difference_sources, kernel_status, pack, token_agreement
 from ...fast.speculative import PromptLookupDraft, speculative_generate
 from ...texts import editing_task
 from ...fast.tiled_attention import tiled_attention
@@ -137,12 +137,8 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     reference = generate_greedy(plain, chat, n_agree).tokens[0].cpu()
     for fmt, row in packed_rows.items():
         if fmt in models:
-            ours = generate_greedy(models[fmt], chat, n_agree).tokens[0].cpu()
-            same = (ours == reference).long().cumprod(0)  # 1 while every token so far agreed
-            row.update(tokens_compared=n_agree, equal_prefix=int(same.sum()),
-                       first_32_equal=bool(same[:32].all()), agreement=float((ours == reference).float().mean()))
-    if "int8" in models and "int4" in models:
-        result["packed_sources"] = _difference_sources(plain, chat, reference)
+            row.update(token_agreement(models[fmt], chat, reference))
+    result["packed_sources"] = difference_sources(plain, chat, reference) if {"int8", "int4"} <= set(models) else {}
     result["packed"] = packed_rows
 
     # 2. how close each decode comes to the read bandwidth (matmul weights as held + KV cache, read per token)
@@ -206,33 +202,6 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
             result["static_step"] = {"model": fastest, "error": f"{type(err).__name__}: {str(err)[:300]}"}
     result["targets"] = _targets(result)
     return result
-
-
-def _difference_sources(plain, chat, reference: torch.Tensor) -> dict:
-    """Where the packed models' tokens part from fp32's: each re-rounding alone, the rest of the model fp32.
-
-    The fp32 model holds the file's grids (Q4_1 blocks of 32 with a minimum, the head Q8_0 blocks of 32), so int4 g32
-    holds the blocks' weights on their own grid while int8's one scale a row re-rounds them, body and head alike.
-    For each variant: how many greedy tokens equal fp32's, and fp32's own margin (top logit minus the second) at the
-    first token that differs: a small margin is a near tie, which any change of rounding may turn over.
-    """
-    head8 = lambda: PackedProjection(plain.lm_head.weight, "int8")  # noqa: E731  (the head, one scale a row)
-    variants = {"int8 body, fp32 head": pack(plain, "int8"), "int4 g32 body, fp32 head": pack(plain, "int4"),
-                "fp32 body, int8 head": fuse(plain, attend=sdpa_attend)}
-    for name, model in variants.items():
-        model.lm_head = head8() if name.endswith("int8 head") else plain.lm_head
-    rows = {}
-    for name, model in variants.items():
-        ours = generate_greedy(model, chat, len(reference)).tokens[0].cpu()
-        equal = int((ours == reference).long().cumprod(0).sum())
-        row = {"equal_prefix": equal, "tokens_compared": len(reference)}
-        if equal < len(reference):  # fp32's logits where it chose reference[equal]
-            ids = torch.cat([chat, reference[:equal][None].to(chat.device)], dim=1)
-            with torch.inference_mode():
-                top2 = plain.trace(ids, keep_hidden=False, logits_to_keep=1).logits[0, -1].float().topk(2).values
-            row["fp32_margin_at_first_difference"] = float(top2[0] - top2[1])
-        rows[name] = row
-    return rows
 
 
 def _static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
@@ -309,10 +278,8 @@ def format_table(r: dict) -> str:
         lines.append(f"packed {fmt}: {row['kernel']}; greedy tokens equal to fp32's for the first {row['equal_prefix']} "
                      f"of {row['tokens_compared']} ({row['agreement']:.0%} agree)" if row["kernel"] and "equal_prefix" in row
                      else f"packed {fmt}: not run ({row['why_not']})")
-    for name, row in r.get("packed_sources", {}).items():
-        margin = row.get("fp32_margin_at_first_difference")
-        lines.append(f"  {name:<26} equal for {row['equal_prefix']:>3} of {row['tokens_compared']}"
-                     + (f"; fp32's margin there {margin:.3f} logits" if margin is not None else ""))
+    lines += [f"  {name:<26} equal for {row['equal_prefix']:>3} of {row['tokens_compared']}; fp32's margin there "
+              f"{row.get('fp32_margin_at_first_difference', float('nan')):.3f}" for name, row in r.get("packed_sources", {}).items()]
     for key, value in r.get("static_step", {}).items():
         lines.append(f"fixed-shape step: {key} = {value if isinstance(value, str) else round(value, 2)}")
     lines += ["", "targets:"]
