@@ -233,16 +233,15 @@ def difference_sources(plain, chat, reference: torch.Tensor) -> dict:
     For each variant: how many greedy tokens equal fp32's, and fp32's own margin (top logit minus the second) at the
     first token that differs: a small margin is a near tie, which any change of rounding may turn over.
     """
-    head8 = lambda: PackedProjection(plain.lm_head.weight, "int8")  # noqa: E731  (the head, one scale a row)
-    variants = {"int8 body, fp32 head": pack(plain, "int8"), "int4 g32 body, fp32 head": pack(plain, "int4"),
-                "fp32 body, int8 head": fuse(plain, attend=sdpa_attend)}
-    for name, model in variants.items():
-        model.lm_head = head8() if name.endswith("int8 head") else plain.lm_head
+    variants = {"int8 body, fp32 head": (pack(plain, "int8"), plain.lm_head),
+                "int4 g32 body, fp32 head": (pack(plain, "int4"), plain.lm_head),
+                "fp32 body, int8 head": (fuse(plain, attend=sdpa_attend), PackedProjection(plain.lm_head.weight, "int8"))}
     rows = {}
-    for name, model in variants.items():
-        row = {key: value for key, value in token_agreement(model, chat, reference).items()
-               if key in ("equal_prefix", "tokens_compared")}
-        equal = row["equal_prefix"]
+    for name, (model, head) in variants.items():
+        model.lm_head = head
+        agreement = token_agreement(model, chat, reference)
+        equal = agreement["equal_prefix"]
+        row = {"equal_prefix": equal, "tokens_compared": agreement["tokens_compared"]}
         if equal < len(reference):  # fp32's logits where it chose reference[equal]
             ids = torch.cat([chat, reference[:equal][None].to(chat.device)], dim=1)
             with torch.inference_mode():
