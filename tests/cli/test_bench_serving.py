@@ -43,12 +43,15 @@ def test_json_has_every_figure(quick_json):
     assert p["system_tokens"] == 64 and all(positive(p[k]) for k in ("ttft_miss_s", "ttft_hit_s", "speedup"))
     g = r["vs_generate_batch"]
     assert g["same_tokens"] is True  # our scheduler and transformers' generate_batch agree
-    assert all(positive(g[k]) for k in ("ours_tokens_per_s", "theirs_tokens_per_s", "ratio"))
+    assert all(positive(g[k]) for k in ("ours_tokens_per_s", "flattened_tokens_per_s", "theirs_tokens_per_s", "ratio",
+                                        "flattened_ratio"))
+    assert g["flattened_ratio"] == pytest.approx(g["flattened_tokens_per_s"] / g["theirs_tokens_per_s"])
     f = r["flattened"]  # one flattened call per iteration against the padded calls, the same requests
     assert f["same_tokens"] is True and f["requests"] == 8 and f["output_tokens"] == r["static"]["output_tokens"]
     assert all(positive(f[k]) for k in ("padded_tokens_per_s", "flattened_tokens_per_s", "ratio"))
     assert f["ratio"] == pytest.approx(f["flattened_tokens_per_s"] / f["padded_tokens_per_s"])
-    assert set(r["aims"]) == {"continuous_over_static_throughput", "paged_utilisation", "prefix_hit_ttft_speedup"}
+    assert set(r["aims"]) == {"continuous_over_static_throughput", "paged_utilisation", "prefix_hit_ttft_speedup",
+                              "ours_over_generate_batch", "flattened_over_generate_batch"}
 
 
 def test_the_table_names_each_figure(quick_json):

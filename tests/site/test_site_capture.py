@@ -98,3 +98,16 @@ def test_a_failing_notebook_keeps_the_error_and_the_build_names_notebook_and_cel
     assert len(problems) == 1
     assert "02_bad.ipynb, cell 3 of 4 (nbval's Cell 1" in problems[0] and "`1 / 0`" in problems[0]
     assert "ZeroDivisionError: division by zero" in problems[0]
+
+
+def test_the_busy_machine_check_and_then_the_book_checks_run_after_everything_else():
+    from types import SimpleNamespace
+
+    from tools.site.capture import pytest_collection_modifyitems
+
+    names = ["test_site.py", "test_a.py", "test_busy_machine.py", "08_serving.ipynb", "test_site.py"]
+    items = [SimpleNamespace(path=Path(name), n=i) for i, name in enumerate(names)]
+    pytest_collection_modifyitems(None, None, items)
+    assert [(item.path.name, item.n) for item in items] == [
+        ("test_a.py", 1), ("08_serving.ipynb", 3), ("test_busy_machine.py", 2), ("test_site.py", 0),
+        ("test_site.py", 4)]

@@ -9,8 +9,9 @@ notebook is done it writes that notebook, with its outputs, execution counts and
 DIR/<name>.ipynb, and DIR/environment.json says what it ran on. Without --executed-to (or
 $LLM_ANATOMY_EXECUTED_TO) the plugin does nothing but put the book's browser checks last (see below).
 
-It also moves tests/browser/test_site.py to the end of the run, after every notebook: those tests check the
-book built from this very run (and the widget stills that the other browser tests saved earlier in it).
+It also moves tests/test_busy_machine.py and then tests/browser/test_site.py to the end of the run, after every
+notebook: the first compares notebook 08's claims with nbval's idle run of it, the second checks the book built
+from this very run (and the widget stills that the other browser tests saved earlier in it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 ENV_VAR = "LLM_ANATOMY_EXECUTED_TO"
 META_KEY = "llm_anatomy_book"  # notebook and cell metadata written here (never in notebooks/)
 SITE_TESTS = "test_site.py"
+LAST = ("test_busy_machine.py", SITE_TESTS)  # after the notebooks, in this order
 
 
 def source_digest(nb) -> str:
@@ -53,10 +55,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The book's checks come last: after the notebooks that the book is made of."""
-    site = [item for item in items if item.path.name == SITE_TESTS]
-    if site:
-        items[:] = [item for item in items if item.path.name != SITE_TESTS] + site
+    """The busy-machine check and the book's checks come last: after the notebooks they read."""
+    last = sorted((item for item in items if item.path.name in LAST), key=lambda item: LAST.index(item.path.name))
+    if last:
+        items[:] = [item for item in items if item.path.name not in LAST] + last
 
 
 def _is_nbval_cell(item) -> bool:
