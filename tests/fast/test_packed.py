@@ -103,9 +103,15 @@ def test_the_packed_model_decodes_like_its_dequantized_weights(scratch, chat, fm
     if not torch.equal(got_tokens, want_tokens):  # the kernels round their inputs to bf16: a near-tie may turn over
         first = int((got_tokens != want_tokens).nonzero()[0, 1])
         with torch.no_grad(), q.quantize_model_weights(scratch, fmt, 32, head_fmt="int8"):
-            logits = scratch(torch.cat([chat, want_tokens[:, :first]], 1))[0, -1]
-        margin = float(logits[want_tokens[0, first]] - logits[got_tokens[0, first]])
-        assert first >= 24 and margin < 0.25, f"token {first} differs where the reference preferred its own by {margin:.2f}"
+            steps = scratch(torch.cat([chat, want_tokens], 1))[0, chat.shape[1] - 1:-1]  # [32, vocab] each step's
+        top2 = steps.topk(2, dim=-1).values
+        leads = top2[:, 0] - top2[:, 1]  # [32] how far the reference's token led the runner-up at each step
+        margin = float(steps[first, want_tokens[0, first]] - steps[first, got_tokens[0, first]])
+        # a turn is allowed only at a near-tie of the reference, well below how far its token leads at a typical
+        # step; where it falls depends on the CPU's bf16 rounding (token 18 on 2026-12-02's machine, >= 24 before)
+        assert abs(margin) < 0.25 < float(leads.median()), (
+            f"token {first} differs where the reference preferred its own by {margin:.2f} (its median lead "
+            f"{float(leads.median()):.2f})")
     fp32_bytes, packed_bytes = packed.matmul_weight_bytes(scratch), packed.matmul_weight_bytes(fast)
     assert packed_bytes < (0.27 if fmt == "int8" else 0.2) * fp32_bytes
     per_position = 2 * scratch.cfg.num_layers * scratch.cfg.num_kv_heads * scratch.cfg.head_dim * 4  # fp32 K and V
