@@ -27,7 +27,6 @@ Timings depend on the machine and on what else runs on it (`--threads 1` helps o
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -95,7 +94,7 @@ def _flattened_against_padded(model, requests, max_batch: int, budget: int, max_
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, dtype: str = "fp32",
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from ...device import pick_device
+    from ...device import pick_device, timed
     from ...serve.load import SWEEP, engines, goodput_rate, load_sweep, service_rate
     from ...measure.timing import decode_tokens_per_s
     from ...serve.metrics import (poisson_trace, serving_metrics, sharegpt_like_lengths, simulate_utilisation,
@@ -171,11 +170,11 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     ours_s, ours, theirs_s = {"padded": [], "flattened": []}, {}, []
     for _ in range(2):
         for name in ours_s:  # the wall clock around the whole run (the scheduler's own work too), as theirs is
-            start = time.perf_counter()
-            engine = ContinuousScheduler(model, PagedKVPool.for_model(model, blocks, block_size), len(together),
-                                         sizes["budget"], flatten=name == "flattened")
-            ours[name] = [r.output for r in engine.run(together)]
-            ours_s[name].append(time.perf_counter() - start)
+            seconds, served = timed(lambda name=name: ContinuousScheduler(
+                model, PagedKVPool.for_model(model, blocks, block_size), len(together), sizes["budget"],
+                flatten=name == "flattened").run(together), dev)
+            ours[name] = [r.output for r in served]
+            ours_s[name].append(seconds)
         seconds, theirs = transformers_generate_batch(hf, [r.prompt for r in together], sizes["cb_tokens"], block_size)
         theirs_s.append(seconds)
     tokens = sum(map(len, ours["padded"]))
