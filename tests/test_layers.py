@@ -155,6 +155,17 @@ def test_one_clock_and_one_median():
             f"{name} computes a median by hand: use statistics.median"
 
 
+def test_one_thread_policy():
+    """torch's CPU threads are set in one place, device.py (the policy, pinning by hand, torch_threads); the notebooks
+    call those, never torch.set_num_threads."""
+    for name, path in modules().items():
+        if name != "llm_anatomy.device":
+            assert "set_num_threads" not in path.read_text(), f"{name} sets torch's threads: use llm_anatomy.device"
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code")
+        assert "set_num_threads" not in code, f"{notebook.name} sets torch's threads: use llm_anatomy.device"
+
+
 def test_one_token_label():
     """Whitespace is made visible in one place only (views/labels.py)."""
     for name, path in modules().items():

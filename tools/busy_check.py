@@ -1,19 +1,24 @@
 """Does a notebook tell the same story on a busy machine? Run it with other processes burning cores, and compare
-its claims' verdicts with an idle run's (issue 23: notebook 08 once published inverted results when busy).
+its claims' verdicts and its time with an idle run's (issue 23: notebook 08 once published inverted results when
+busy; issue 35: every notebook, with one and with both cores burned).
 
-    python tools/busy_check.py notebooks/08_serving.ipynb                 # an idle run, then one with a core burned
-    python tools/busy_check.py notebooks/08_serving.ipynb --idle build/executed/08_serving.ipynb --burn 1
+    python tools/busy_check.py notebooks/06_kv_cache.ipynb                  # idle, then with one core burned
+    python tools/busy_check.py notebooks/*.ipynb --burn 1 --burn 2          # every notebook, both settings (make busy-check)
+    python tools/busy_check.py notebooks/08_serving.ipynb --idle build/executed --burn 1
 
 A verdict is what a code cell ended with, per claim: "holds" (a green `claim` line), "not shown" (ClaimFailed),
 "reading" (a `reading` line: a measurement the prose reads, never asserted), and per cell whether it raised
-anything else (an `assert` that a picture's story holds, say). Both runs must give the same verdicts; the readings'
-numbers and the spread warnings beside them may differ, which is what they are for. tests/test_busy_machine.py
-runs this on notebook 08 after nbval's own run of it (the idle one).
+anything else (an `assert` that a picture's story holds, say). Every run must give the idle run's verdicts; the
+readings' numbers and the spread warnings beside them may differ, which is what they are for. The table gives each
+notebook's seconds idle and busy; with one core burned no notebook should take more than MAX_RATIO times its idle
+time (a busy run over it is flagged). --out DIR keeps the executed copies and summary.json. tests/test_busy_machine.py
+runs this on notebooks 05 to 09 with a core burned, after nbval's own run of them (the idle one).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import re
 import sys
@@ -24,6 +29,8 @@ from pathlib import Path
 HOLDS = re.compile(r"\u2714 (C\d{1,2}) holds:")
 READING = re.compile(r"\u25b8 (C\d{1,2}) on this machine:")
 NOT_SHOWN = re.compile(r"(C\d{1,2}) NOT shown on this machine")
+MAX_RATIO = 2.0  # with one core burned, at most this many times the idle run's seconds
+BOOK_KEY = "llm_anatomy_book"  # where tools/site/capture.py keeps nbval's seconds in an executed copy
 
 
 def _texts(output) -> list[str]:
@@ -53,6 +60,11 @@ def verdicts(nb) -> dict[str, set[str]]:
         if marks:
             found[cell.get("id") or f"cell {number}"] = marks
     return found
+
+
+def failures(found: dict[str, set[str]]) -> list[str]:
+    """The marks of a run that are not a verdict a notebook may end with: 'not shown' and 'raised'."""
+    return sorted({m for marks in found.values() for m in marks if m.endswith("not shown") or m.startswith("raised")})
 
 
 def differences(idle: dict[str, set[str]], busy: dict[str, set[str]]) -> list[str]:
@@ -96,29 +108,97 @@ def execute(path: Path, timeout_s: int = 900):
     return nb, time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("notebook", type=Path)
-    p.add_argument("--idle", type=Path, help="an executed copy to compare with (default: run it idle first)")
-    p.add_argument("--burn", type=int, default=1, help="cores to keep busy during the second run (default 1)")
-    args = p.parse_args(argv)
+def executed_copy(idle: Path | None, notebook: Path) -> Path | None:
+    """The idle run to compare with: `idle` itself (a file), or the notebook's name in it (a folder of executed
+    copies, such as build/executed/); None when there is none."""
+    if idle is None:
+        return None
+    path = idle / notebook.name if idle.is_dir() else idle
+    return path if path.is_file() else None
+
+
+def idle_seconds(nb) -> float | None:
+    """The seconds nbval's cells took, as tools/site/capture.py kept them in an executed copy (None: not kept)."""
+    return nb.metadata.get(BOOK_KEY, {}).get("seconds")
+
+
+def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path | None = None, log=print) -> dict:
+    """One notebook: its idle verdicts (the executed copy, or a run now), then a run per setting in `burns` (cores
+    burned). Returns {"notebook", "idle_s", "idle_failures", "runs": [{"burn", "seconds", "ratio", "differences"}]}."""
     import nbformat
 
-    if args.idle:
-        idle = verdicts(nbformat.read(str(args.idle), as_version=4))
+    copy = executed_copy(idle, notebook)
+    if copy is not None:
+        nb = nbformat.read(str(copy), as_version=4)
+        seconds = idle_seconds(nb)
     else:
-        nb, seconds = execute(args.notebook)
-        idle = verdicts(nb)
-        print(f"idle run: {seconds:.0f} s")
-    with burning(args.burn):
-        nb, seconds = execute(args.notebook)
-    busy = verdicts(nb)
-    print(f"run with {args.burn} core(s) burned: {seconds:.0f} s")
-    for cell in sorted(busy):
-        print(f"  {cell}: {', '.join(sorted(busy[cell]))}")
-    diff = differences(idle, busy)
-    print("\n".join(diff) if diff else "the same verdicts in both runs")
-    return 1 if diff else 0
+        nb, seconds = execute(notebook)
+        log(f"{notebook.name}: idle run {seconds:.0f} s")
+    found = verdicts(nb)
+    result = {"notebook": notebook.name, "idle_s": seconds, "idle_failures": failures(found), "runs": []}
+    for burn in burns:
+        with burning(burn):
+            busy_nb, busy_s = execute(notebook)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            nbformat.write(busy_nb, str(out / f"{notebook.stem}.burn{burn}.ipynb"))
+        diff = differences(found, verdicts(busy_nb))
+        ratio = busy_s / seconds if seconds else None
+        result["runs"].append({"burn": burn, "seconds": round(busy_s, 1), "ratio": ratio and round(ratio, 2),
+                               "differences": diff})
+        log(f"{notebook.name}: {burn} core(s) burned {busy_s:.0f} s"
+            + (f" ({ratio:.2f}x idle)" if ratio else "") + (": the same verdicts" if not diff else
+                                                            ":\n  " + "\n  ".join(diff)))
+    return result
+
+
+def too_slow(run: dict) -> bool:
+    """A run with one core burned that took more than MAX_RATIO times its idle seconds."""
+    return run["burn"] == 1 and run["ratio"] is not None and run["ratio"] > MAX_RATIO
+
+
+def table(results: list[dict], burns: list[int]) -> str:
+    """The results as a Markdown table: idle seconds, each setting's seconds and ratio, and the verdicts."""
+    head = "| notebook | idle (s) | " + " | ".join(f"{b} core{'s' if b > 1 else ''} burned (s)" for b in burns) + \
+           " | verdicts |"
+    rows = [head, "|" + "---|" * (len(burns) + 3)]
+    for r in results:
+        cells = []
+        for run in r["runs"]:
+            ratio = f" ({run['ratio']:.2f}x{', over ' + str(MAX_RATIO) + 'x' if too_slow(run) else ''})" \
+                if run["ratio"] else ""
+            cells.append(f"{run['seconds']:.0f}{ratio}")
+        same = "idle run failed: " + ", ".join(r["idle_failures"]) if r["idle_failures"] else (
+            "the same in every run" if not any(run["differences"] for run in r["runs"]) else
+            "differ: " + "; ".join(f"{run['burn']} burned: {len(run['differences'])} cells" for run in r["runs"]
+                                   if run["differences"]))
+        idle = f"{r['idle_s']:.0f}" if r["idle_s"] else "?"
+        rows.append(f"| {r['notebook']} | {idle} | " + " | ".join(cells) + f" | {same} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("notebooks", type=Path, nargs="+")
+    p.add_argument("--idle", type=Path, help="an executed copy, or a folder of them, to compare with (default: run "
+                                            "each notebook idle first)")
+    p.add_argument("--burn", type=int, action="append", help="cores to keep busy during a run; repeat for several "
+                                                             "settings (default: 1)")
+    p.add_argument("--out", type=Path, help="keep the busy runs' executed copies and summary.json here")
+    args = p.parse_args(argv)
+    burns = args.burn or [1]
+    if any(b < 1 for b in burns):
+        p.error("--burn takes a number of cores, at least 1")
+    results = [check(nb, burns, args.idle, args.out) for nb in args.notebooks]
+    print(table(results, burns))
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+    bad = [r["notebook"] for r in results if r["idle_failures"] or any(run["differences"] for run in r["runs"])]
+    slow = [r["notebook"] for r in results if any(too_slow(run) for run in r["runs"])]
+    if slow:
+        print(f"over {MAX_RATIO}x their idle time with one core burned: {', '.join(slow)}")
+    print(f"verdicts differ in: {', '.join(bad)}" if bad else "the same verdicts in every run")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

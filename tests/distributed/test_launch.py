@@ -11,7 +11,7 @@ import rank_targets
 import torch
 
 from llm_anatomy.device import timed
-from llm_anatomy.distributed.launch import pick_backend, run_ranks, torch_threads
+from llm_anatomy.distributed.launch import pick_backend, run_ranks
 from llm_anatomy.errors import CourseError
 
 
@@ -102,10 +102,3 @@ def test_the_backend_follows_the_gpus():
     else:
         assert (backend, device) == ("gloo", "cpu")  # one GPU cannot hold three NCCL ranks
     assert pick_backend(1) == ("gloo", "cpu")
-
-
-def test_torch_threads_is_restored():
-    before = torch.get_num_threads()
-    with torch_threads(1):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before

@@ -8,8 +8,9 @@ import statistics
 import pytest
 import torch
 
+from llm_anatomy.device import torch_threads
 from llm_anatomy.distributed.collectives import fit_link
-from llm_anatomy.distributed.launch import run_ranks, torch_threads
+from llm_anatomy.distributed.launch import run_ranks
 from llm_anatomy.distributed.pipeline import bubble_fraction, measured_bubble
 from llm_anatomy.distributed.runs import cost_run, pipeline_run, tp_run
 from llm_anatomy.distributed.tensor_parallel import weight_bytes

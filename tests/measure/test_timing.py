@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.measure.timing import (NOISY_SPREAD, Timing, decode_tokens_per_s, end_to_end_s, inter_token_gaps_s,
-                                        mean_token_gap_s, median_decode_step_s, time_generation, time_interleaved,
-                                        time_it, time_to_first_token_s)
+from llm_anatomy.generate.decode import generate_greedy, greedy_calls
+from llm_anatomy.measure.timing import (NOISY_SPREAD, Timing, decode_step_times, decode_tokens_per_s, end_to_end_s,
+                                        inter_token_gaps_s, mean_token_gap_s, median_decode_step_s, time_generation,
+                                        time_generations, time_generations_interleaved, time_interleaved, time_it,
+                                        time_to_first_token_s)
 from llm_anatomy.model.scratch import ScratchLlama
 
 
@@ -95,3 +97,45 @@ def test_time_generation_gives_ttft_and_tpot(tiny_model):
 def test_decode_speed_is_a_positive_rate(tiny_model):
     speed = decode_tokens_per_s(ScratchLlama.from_hf(tiny_model), batch=3, context=40, repeats=2)
     assert math.isfinite(speed) and speed > 0
+
+
+def test_generations_take_turns_call_by_call(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    order = []
+
+    def watched(name, calls):  # greedy_calls, noting whose call runs
+        while True:
+            try:
+                call = next(calls)
+            except StopIteration as done:
+                return done.value
+            yield lambda call=call: (order.append(name), call())
+
+    runs = time_generations_interleaved({"with": watched("with", greedy_calls(model, ids, 4)),
+                                         "without": watched("without", greedy_calls(model, ids, 3, use_cache=False))})
+    assert order == ["with", "without"] * 3 + ["with"]  # in turns; the longer one finishes alone
+    assert [len(r.step_seconds) for r in runs.values()] == [4, 3]
+    assert torch.equal(runs["with"].tokens, generate_greedy(model, ids, 4).tokens)
+    assert torch.equal(runs["without"].tokens, generate_greedy(model, ids, 3).tokens)  # the same tokens either way
+
+
+def test_time_generations_times_every_prompt_in_rounds(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    prompts = {n: torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in (4, 30)}
+    timings = time_generations(model, prompts, new_tokens=3, warmup=False, repeats=3)
+    assert list(timings) == [4, 30]
+    for n, t in timings.items():
+        assert t.prompt_tokens == n and len(t.prefill_seconds) == 3 and len(t.step_seconds) == 3
+        assert t.ttft_s == sorted(t.prefill_seconds)[1]
+    with pytest.raises(CourseError, match="repeats must be at least 1"):
+        time_generations(model, prompts, repeats=0)
+
+
+def test_decode_step_times_share_one_cache_per_batch(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    shapes = [(1, 8), (1, 40), (3, 8), (1, 8)]  # a repeated shape is timed once
+    steps = decode_step_times(model, shapes, repeats=2)
+    assert list(steps) == [(1, 8), (1, 40), (3, 8)]
+    assert all(len(t.times_s) == 2 and t.min_s > 0 for t in steps.values())
+    assert steps[(1, 8)].threads == torch.get_num_threads()  # a CPU timing says its threads

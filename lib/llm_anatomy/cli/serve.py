@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..server.launch import run
     from .bench import set_threads
 
-    set_threads(args.threads)
+    set_threads(args.threads, args.device)
     run(args.host, args.port, log=lambda m: print(m, file=sys.stderr, flush=True), model=args.model,
         device=args.device, max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
         max_batched_tokens=args.max_batched_tokens, prefix_cache=not args.no_prefix_cache,

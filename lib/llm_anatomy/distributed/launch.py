@@ -12,7 +12,6 @@ the library, not one defined in a notebook): a spawned process finds it by its m
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import io
 import os
@@ -21,7 +20,7 @@ import traceback
 
 import torch
 
-from ..device import timed
+from ..device import pin_cpu_threads, timed
 from ..errors import CourseError
 
 
@@ -42,20 +41,6 @@ def rank_device(rank: int) -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", rank)
     return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Run a block with `n` torch threads (a rank's count), so that a result computed here equals a rank's bit for bit.
-
-    fp32 sums are split among threads, and a different split rounds differently (by about 1e-5 in the logits).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run_ranks(target, world_size: int, *args, timeout_s: float = 60.0, deadline_s: float = 600.0, threads: int = 1,
@@ -120,7 +105,7 @@ def _rank_main(target, rank, world_size, port, backend, timeout_s, threads, args
     """What every spawned rank runs: join the group (with its timeout), call the target, report, leave the group."""
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
+    pin_cpu_threads(threads)  # a rank keeps its count: the same roundings as the one it is compared with
     # the names torchrun sets: libraries that start their own distributed code (transformers' tp_plan) read them
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

@@ -9,14 +9,13 @@ the checkpoint (safetensors slices), so no rank ever holds the whole model unles
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 
-from ..device import timed
+from ..device import choose_cpu_threads, timed, torch_threads
 from ..generate.decode import decode_step, generate_greedy, prefill
 from .collectives import time_all_reduce
-from .launch import rank_device, torch_threads
+from .launch import rank_device
 from .pipeline import pipeline_stage, run_stage
 from .tensor_parallel import (Communicator, checkpoint_name, checkpoint_reader, tensor_parallel_llama,
                               weight_bytes)
@@ -93,9 +92,10 @@ def compare_with_transformers(model, folder: str, ids: torch.Tensor, logits: tor
 def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], repeats: int, steps: int,
              prompt_len: int = 16) -> dict:
     """One rank of the cost measurement: the all-reduce sweep, then decode steps of rank 0 alone (TP = 1, on one
-    thread and on all cores) and of the TP group, interleaved step by step, with each collective timed.
+    thread and on the cores free when it starts) and of the TP group, interleaved step by step, each collective timed.
 
-    Returns {"sweep": {bytes: [seconds]}, "alone_s", "alone_all_cores_s" (rank 0; else []), "tp_s": [seconds],
+    Returns {"cores": the free cores it found (device.choose_cpu_threads; 1 on a GPU), "sweep": {bytes: [seconds]},
+    "alone_s", "alone_all_cores_s" (rank 0; else []), "tp_s": [seconds],
     "inside_s": [seconds spent inside collectives, per step], "last_step": [(op, site, bytes, seconds)]}.
     """
     import torch.distributed as dist
@@ -113,7 +113,8 @@ def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], rep
     if alone is not None:
         cache_alone = alone.new_cache(1, prompt_len + 2 * steps + 3)
         prefill(alone, prompt, cache_alone)
-    cores = (os.cpu_count() or 1) if device.type == "cpu" else 1
+    dist.barrier()  # every rank ready: the others now wait at the loop's barrier while rank 0 measures
+    cores = choose_cpu_threads().threads if device.type == "cpu" and rank == 0 else 1  # the cores free now
     alone_s, all_cores_s, tp_s, inside_s = [], [], [], []
     for step in range(steps + 1):  # the first step of each warms up and is not kept
         if alone is not None:  # the others wait at the barrier meanwhile, leaving the machine to rank 0
@@ -130,8 +131,8 @@ def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], rep
             tp_s.append(seconds)
             inside_s.append(sum(c.seconds for c in comm.calls))
         dist.barrier()
-    return {"rank": rank, "sweep": sweep, "alone_s": alone_s, "alone_all_cores_s": all_cores_s, "tp_s": tp_s,
-            "inside_s": inside_s, "last_step": [(c.op, c.site, c.bytes, c.seconds) for c in comm.calls]}
+    return {"rank": rank, "cores": cores, "sweep": sweep, "alone_s": alone_s, "alone_all_cores_s": all_cores_s,
+            "tp_s": tp_s, "inside_s": inside_s, "last_step": [(c.op, c.site, c.bytes, c.seconds) for c in comm.calls]}
 
 
 def pipeline_run(rank: int, world_size: int, cfg, folder: str, prompt_ids: torch.Tensor, micro_batch_counts: list[int],

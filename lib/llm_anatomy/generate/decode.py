@@ -86,7 +86,34 @@ class Generation:
         return self.step_seconds[0]
 
 
-@torch.inference_mode()
+def greedy_calls(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cache: bool = True,
+                 cache: KVCache | None = None):
+    """Greedy decoding as its model calls, one at a time: a generator of functions, each of which runs the next call
+    (the prefill first) and writes the token it picks; when exhausted it returns the tokens `[batch, new_tokens]`.
+
+    `generate_greedy` runs them in order. A timer that compares two generations runs them in turns instead, one call
+    of each (measure.timing.time_generations_interleaved), so that a busy moment of the machine hits both alike.
+    """
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
+    batch, prompt_len = prompt_ids.shape
+    if use_cache and cache is None:
+        cache = model.new_cache(batch, prompt_len + new_tokens)
+    out = torch.empty(batch, new_tokens, dtype=prompt_ids.dtype, device=prompt_ids.device)  # [batch, new]
+
+    def call(i: int):
+        with torch.inference_mode():
+            if not use_cache:  # the whole sequence so far, every time
+                result = model.trace(torch.cat([prompt_ids, out[:, :i]], dim=1), keep_hidden=False, logits_to_keep=1)
+            else:
+                result = prefill(model, prompt_ids, cache) if i == 0 else decode_step(model, out[:, i - 1:i], cache)
+            out[:, i] = result.logits[:, -1].argmax(-1)
+
+    for i in range(new_tokens):
+        yield lambda i=i: call(i)
+    return out
+
+
 def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cache: bool = True,
                     cache: KVCache | None = None, timed: bool = False) -> Generation:
     """Greedy decoding with a from-scratch model: `new_tokens` ids per sequence of `prompt_ids` `[batch, seq]`.
@@ -95,27 +122,17 @@ def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cac
     use_cache=False: run the whole sequence again at every step (what a model without a cache must do).
     timed=True: record each model call's wall time (the device synchronized around it).
     """
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
-        raise CourseError(f"new_tokens must be a whole number, at least 1, not {new_tokens!r}.")
-    batch, prompt_len = prompt_ids.shape
-    if use_cache and cache is None:
-        cache = model.new_cache(batch, prompt_len + new_tokens)
-    out = torch.empty(batch, new_tokens, dtype=prompt_ids.dtype, device=prompt_ids.device)  # [batch, new]
+    calls = greedy_calls(model, prompt_ids, new_tokens, use_cache=use_cache, cache=cache)
     seconds: list[float] = []
-
-    def call(i: int):
-        if not use_cache:  # the whole sequence so far, every time
-            return model.trace(torch.cat([prompt_ids, out[:, :i]], dim=1), keep_hidden=False, logits_to_keep=1)
-        return prefill(model, prompt_ids, cache) if i == 0 else decode_step(model, out[:, i - 1:i], cache)
-
-    for i in range(new_tokens):
+    while True:
+        try:
+            call = next(calls)
+        except StopIteration as done:
+            return Generation(done.value, seconds)
         if timed:
-            elapsed, result = timed_call(lambda: call(i), prompt_ids.device)
-            seconds.append(elapsed)
+            seconds.append(timed_call(call, prompt_ids.device)[0])
         else:
-            result = call(i)
-        out[:, i] = result.logits[:, -1].argmax(-1)
-    return Generation(out, seconds)
+            call()
 
 
 def greedy_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from ..device import default_dtype, describe_device, pick_device
+from ..device import choose_cpu_threads, default_dtype, describe_device, pick_device
 from ..weights.cache import DEFAULT_MODEL, GGUF_NAME, cache_dir, cache_problems, default_model_dir
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "gguf", "accelerate",
@@ -40,6 +40,7 @@ def environment_report(check_hashes: bool = True) -> dict:
         "device": describe_device(device),
         "dtype": str(default_dtype(device)).removeprefix("torch."),
         "cpu_cores": psutil.cpu_count(logical=True),
+        "cpu_threads": str(choose_cpu_threads()),  # what load_model will give torch now, and why
         "ram_total_gb": round(psutil.virtual_memory().total / 1e9, 1),
         "ram_available_gb": round(psutil.virtual_memory().available / 1e9, 1),
         "cache_dir": str(cache_dir()),
@@ -79,6 +80,7 @@ def format_report(report: dict) -> str:
         lines.append(f"{name:<22}{version}")
     lines.append(f"{'device':<22}{report['device']} -> {report['dtype']}")
     lines.append(f"{'CPU cores':<22}{report['cpu_cores']}")
+    lines.append(f"{'CPU threads':<22}{report['cpu_threads']}")
     lines.append(f"{'RAM':<22}{report['ram_available_gb']} GB free of {report['ram_total_gb']} GB")
     if "gpu_memory_total_gb" in report:
         lines.append(f"{'GPU memory':<22}{report['gpu_memory_free_gb']} GB free of {report['gpu_memory_total_gb']} GB")

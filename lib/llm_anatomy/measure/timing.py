@@ -1,6 +1,8 @@
 """Timing on the learner's own machine: the rules that keep a measurement honest, and the latencies the course names.
 
 - warm up first: the first call pays for memory allocation, kernel selection and caches;
+- on a CPU, give torch only the cores that are free (device.use_cpu_threads, re-measured here before each timed
+  comparison): a thread whose core another program holds makes every operation wait for it;
 - on a GPU, synchronize before reading the clock (`llm_anatomy.device.timed`, the one clock, does);
 - repeat, and take the median or the minimum (one slow run, a page fault or another program, must not set the
   figure); when several candidates are compared, interleave them (`time_interleaved`: A, B, C, A, B, C, ...), so
@@ -36,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from ..device import timed
+from ..device import recheck_cpu_threads, timed
 from ..errors import CourseError
 from ..generate.decode import decode_step
 
@@ -49,6 +51,7 @@ class Timing:
 
     times_s: list[float]
     warmup: int
+    threads: int | None = None  # torch's CPU threads while it ran (None: not a CPU timing)
 
     @property
     def median_s(self) -> float:
@@ -91,8 +94,9 @@ class Timing:
 
     def __repr__(self) -> str:
         spread = "" if math.isnan(self.spread) else f", spread {self.spread:.0%}"
+        threads = "" if self.threads is None else f", {self.threads} thread{'s' if self.threads > 1 else ''}"
         return (f"Timing(median {self.median_ms:.3f} ms, min {self.min_s * 1e3:.3f} ms over {len(self.times_s)} runs"
-                f"{spread}, {self.warmup} warm-up)")
+                f"{spread}, {self.warmup} warm-up{threads})")
 
 
 def _once(fn: Callable[[], object], device: torch.device, cuda_events: bool) -> float:
@@ -121,6 +125,10 @@ def time_interleaved(candidates: dict[str, Callable[[], object]], device: torch.
         raise CourseError(f"Use repeats >= 1 and warmup >= 0, not {repeats} and {warmup}.")
     if not candidates or not all(callable(fn) for fn in candidates.values()):
         raise CourseError("Give the work to time as {name: function taking no argument}, at least one.")
+    threads = None
+    if device.type == "cpu":
+        recheck_cpu_threads()  # the cores free now (the policy's choice, unless the threads were pinned)
+        threads = torch.get_num_threads()
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
@@ -129,7 +137,7 @@ def time_interleaved(candidates: dict[str, Callable[[], object]], device: torch.
     for _ in range(repeats):
         for name, fn in candidates.items():
             times[name].append(_once(fn, device, use_events))
-    return {name: Timing(seconds, warmup) for name, seconds in times.items()}
+    return {name: Timing(seconds, warmup, threads) for name, seconds in times.items()}
 
 
 def time_it(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup: int = 1,
@@ -202,37 +210,85 @@ class GenerationTiming:
         return self.batch * self.prompt_tokens / self.ttft_s
 
 
-def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmup: bool = True,
-                    repeats: int = 1) -> GenerationTiming:
-    """TTFT and TPOT of greedy generation by a from-scratch model (definitions in the module docstring).
+def time_generations_interleaved(generations: dict, device: torch.device | str = "cpu") -> dict:
+    """Run several greedy generations (generate.decode.greedy_calls) one model call of each in turns, timing every
+    call: {name: Generation with its step_seconds}. A busy moment of the machine then slows every one alike, so
+    their ratio holds even when their times do not (the rule of time_interleaved, call by call)."""
+    from ..generate.decode import Generation
 
-    warmup: one untimed run at this very shape first (the first call pays for allocation and kernel choice).
-    repeats: timed runs; TTFT is the median of their prefills, TPOT the median of all their decode steps.
+    device = torch.device(device)
+    if device.type == "cpu":
+        recheck_cpu_threads()
+    seconds: dict = {name: [] for name in generations}
+    tokens: dict = {}
+    running = dict(generations)
+    while running:
+        for name, calls in list(running.items()):
+            try:
+                call = next(calls)
+            except StopIteration as done:
+                tokens[name] = done.value
+                del running[name]
+                continue
+            seconds[name].append(timed(call, device)[0])
+    return {name: Generation(tokens[name], seconds[name]) for name in generations}
+
+
+def time_generations(model, prompts: dict, new_tokens: int = 16, warmup: bool = True, repeats: int = 1) -> dict:
+    """TTFT and TPOT of greedy generation by a from-scratch model for every prompt `[batch, seq]` of `prompts`
+    ({name: ids}): {name: GenerationTiming} (definitions in the module docstring).
+
+    warmup: one untimed run of each prompt first (the first call pays for allocation and kernel choice).
+    repeats: rounds; in each, the prompts' generations run call by call in turns (time_generations_interleaved).
+    TTFT is the median of a prompt's prefills, TPOT the median of all its decode steps.
     """
-    from ..generate.decode import generate_greedy
+    from ..generate.decode import generate_greedy, greedy_calls
 
-    if repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise CourseError(f"repeats must be at least 1, not {repeats}.")
     if new_tokens < 2:
         raise CourseError("Time per output token needs at least 2 new tokens.")
     if warmup:
-        generate_greedy(model, prompt_ids, 2)
-    runs = [generate_greedy(model, prompt_ids, new_tokens, timed=True) for _ in range(repeats)]
-    prefills = [r.step_seconds[0] for r in runs]
-    tpot = median_decode_step_s(s for r in runs for s in r.step_seconds[1:])
-    return GenerationTiming(prompt_ids.shape[1], new_tokens, prompt_ids.shape[0], statistics.median(prefills), tpot,
-                            runs[-1].step_seconds, prefills)
+        for ids in prompts.values():
+            generate_greedy(model, ids, 2)
+    device = next(iter(prompts.values())).device
+    rounds = [time_generations_interleaved({name: greedy_calls(model, ids, new_tokens) for name, ids in prompts.items()},
+                                           device) for _ in range(repeats)]
+    timings = {}
+    for name, ids in prompts.items():
+        runs = [r[name] for r in rounds]
+        prefills = [run.step_seconds[0] for run in runs]
+        tpot = median_decode_step_s(s for run in runs for s in run.step_seconds[1:])
+        timings[name] = GenerationTiming(ids.shape[1], new_tokens, ids.shape[0], statistics.median(prefills), tpot,
+                                         runs[-1].step_seconds, prefills)
+    return timings
+
+
+def time_generation(model, prompt_ids: torch.Tensor, new_tokens: int = 16, warmup: bool = True,
+                    repeats: int = 1) -> GenerationTiming:
+    """TTFT and TPOT of greedy generation of one prompt `[batch, seq]`: the one-prompt case of time_generations."""
+    return time_generations(model, {"prompt": prompt_ids}, new_tokens, warmup, repeats)["prompt"]
+
+
+def decode_step_times(model, shapes, repeats: int = 3) -> dict:
+    """One decode step at each (batch, context) of `shapes`, all timed in turns (time_interleaved, after a warm-up
+    round): {(batch, context): Timing}. One cache per batch, of the largest context asked for it, its length set
+    before each step to `context`, as if that many positions had been prefilled: a step's time does not depend on the
+    values it reads, and a prefill of batch x context tokens would take far longer than the step we time."""
+    shapes = list(dict.fromkeys(shapes))
+    caches = {b: model.new_cache(b, max(c for bb, c in shapes if bb == b) + 1) for b, _ in shapes}
+    tokens = {b: torch.zeros(b, 1, dtype=torch.long, device=model.device) for b in caches}  # [batch, 1]
+
+    def step(batch, context):
+        caches[batch].length = context
+        decode_step(model, tokens[batch], caches[batch])
+
+    with torch.inference_mode():
+        return time_interleaved({shape: (lambda shape=shape: step(*shape)) for shape in shapes}, model.device,
+                                warmup=1, repeats=repeats)
 
 
 def decode_tokens_per_s(model, batch: int, context: int, repeats: int = 3) -> float:
-    """Decode throughput, all rows together (tokens/s), of one step at `batch` rows of `context` cached positions.
-
-    The cache is filled with zeros instead of a real prefill: a step's time does not depend on the values it reads,
-    and a prefill of batch x context tokens would take far longer than the step we time.
-    """
-    cache = model.new_cache(batch, context + repeats + 2)
-    cache.length = context  # as if `context` positions had been prefilled
-    token = torch.zeros(batch, 1, dtype=torch.long, device=model.device)  # [batch, 1]
-    with torch.inference_mode():
-        seconds = time_it(lambda: decode_step(model, token, cache), model.device, warmup=1, repeats=repeats).median_s
-    return batch / seconds
+    """Decode throughput, all rows together (tokens/s), of one step at `batch` rows of `context` cached positions:
+    batch over the median of `repeats` steps (decode_step_times)."""
+    return batch / decode_step_times(model, [(batch, context)], repeats)[(batch, context)].median_s

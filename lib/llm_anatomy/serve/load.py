@@ -13,12 +13,11 @@ resolution of the rates swept.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import torch
 
 from ..claims import Verdict, claim
+from ..device import torch_threads
 from ..errors import CourseError
 from .batching import Request, run_static
 from .metrics import poisson_trace, serving_metrics
@@ -27,19 +26,6 @@ from .scheduler import ContinuousScheduler
 
 SWEEP = (0.3, 0.5, 0.7, 0.9, 1.0, 1.2)  # arrival rate / service rate
 ATTAINMENT = 0.9  # DistServe's goal: 90% of requests meet both objectives
-
-
-@contextmanager
-def torch_threads(n: int | None):
-    """Run the block with `n` torch threads (None: as they are). A tiny stand-in model gains nothing from more than
-    one, and on a busy machine extra threads wait for each other far longer than they compute."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def engines(model, max_batch: int, max_len: int, cost=None, max_batched_tokens: int | None = None,

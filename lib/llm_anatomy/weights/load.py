@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..device import default_dtype, describe_device, pick_device, timed
+from ..device import default_dtype, describe_device, pick_device, timed, use_cpu_threads
 from ..errors import CourseError
 from .cache import DEFAULT_MODEL, cache_problems, default_model_dir, fetch_default_model, sha256_of
 
@@ -118,12 +118,15 @@ def load_model(name: str | None = None, device: str | torch.device = "auto",
         raise CourseError(f"The model name must be a string or None, not {type(name).__name__}.")
     chosen = pick_device(device)
     dtype = dtype or default_dtype(chosen)
+    threads = use_cpu_threads(chosen)  # the course's thread policy: one torch thread per core free now
     seconds, loaded = timed(lambda: _load(name, chosen, dtype), chosen)
     if verbose:
         family = getattr(loaded.config, "model_type", "?")
         note = "" if family in SCRATCH_FAMILIES else f" (note: {family} is not Llama-family; the from-scratch chapters need one)"
         print(f"Loaded {loaded.name}: {loaded.num_parameters / 1e6:.1f} M parameters on "
               f"{describe_device(loaded.device)} in {str(loaded.dtype).removeprefix('torch.')}, {seconds:.1f} s{note}")
+        if threads is not None:
+            print(f"CPU threads: {threads}")
     return loaded
 
 

@@ -23,19 +23,21 @@ def parser(topic: str, doc: str, model_sizes: list[str], model_help: str) -> arg
     p.add_argument("--quick", action="store_true", help="small sizes, for CI (seconds)")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda or mps")
     p.add_argument("--model-size", default="default", choices=model_sizes, help=model_help)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: one per core free now, re-measured before each timing)")
     return p
 
 
-def set_threads(threads: int | None) -> None:
-    """Apply --threads: torch's CPU threads, at least 1 (None leaves torch's choice)."""
-    if threads is None:
-        return
-    if threads < 1:
-        raise CourseError(f"--threads must be at least 1, not {threads}.")
-    import torch
+def set_threads(threads: int | None, device: str = "auto") -> None:
+    """Apply --threads: torch's CPU threads by hand, at least 1; None applies the course's thread policy on a CPU (one
+    per core free now, re-measured before each timed comparison: device.use_cpu_threads)."""
+    from ...device import pick_device, pin_cpu_threads, use_cpu_threads
 
-    torch.set_num_threads(threads)
+    if threads is None:
+        use_cpu_threads(pick_device(device))
+    elif threads < 1:
+        raise CourseError(f"--threads must be at least 1, not {threads}.")
+    else:
+        pin_cpu_threads(threads)
 
 
 def progress(as_json: bool):

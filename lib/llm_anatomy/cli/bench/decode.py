@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                "default: SmolLM2-135M; 1b: a 1B-shaped random-weight Llama (GPU); tiny: for tests")
     p.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph measurement")
     args = p.parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, args.device)
     return report(run(args.device, args.model_size, args.quick, not args.no_graphs, progress(args.json)), args.json,
                   format_table)
 

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p = parser("fast", __doc__, ["default", "tiny"], "default: SmolLM2-135M; tiny: a random-weight model for tests")
     p.add_argument("--compile", action="store_true", help="also torch.compile the decode step (slow to warm up)")
     args = p.parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, args.device)
     return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json)), args.json,
                   format_table)
 

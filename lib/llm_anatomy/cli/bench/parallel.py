@@ -18,7 +18,6 @@ A TP size that does not divide the model's heads is refused before any rank star
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import torch
@@ -32,7 +31,8 @@ PROMPT = "The capital of France is Paris. The capital of Italy is"
 def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, log=lambda message: None) -> dict:
     """Every measurement, as a dict (what --json prints). Seconds, bytes, bytes per second."""
     from ...distributed import collectives as coll
-    from ...distributed.launch import pick_backend, run_ranks, torch_threads
+    from ...device import torch_threads
+    from ...distributed.launch import pick_backend, run_ranks
     from ...distributed.pipeline import bubble_fraction, check_stages, measured_bubble
     from ...distributed.runs import cost_run, pipeline_run, tp_run
     from ...distributed.tensor_parallel import check_tp_size, weight_bytes
@@ -48,7 +48,6 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     if pp:
         check_stages(cfg, pp)
     backend, device = pick_backend(tp)
-    cores = os.cpu_count() or 1
     new_tokens, repeats, steps = (8, 5, 6) if quick else (48, 15, 20)
     from ...weights.load import load_model
 
@@ -59,7 +58,7 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     with torch_threads(1):  # the ranks' thread count: the same roundings
         ref_logits = plain(ids)
         ref_tokens = generate_greedy(plain, ids, new_tokens).tokens
-    result = {"tp": tp, "pp": pp, "backend": backend, "device": device, "cores": cores, "quick": quick,
+    result = {"tp": tp, "pp": pp, "backend": backend, "device": device, "quick": quick,
               "prompt_tokens": ids.shape[1], "new_tokens": new_tokens}
 
     log(f"TP = {tp}: {tp} ranks on {backend} ...")
@@ -80,8 +79,9 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     cost = run_ranks(cost_run, tp, cfg, folder, coll.SWEEP_BYTES, repeats, steps, timeout_s=timeout_s)[0]
     link = coll.fit_link(cost["sweep"])
     alone, group = statistics.median(cost["alone_s"]), statistics.median(cost["tp_s"])
+    result["cores"] = cost["cores"]  # the cores rank 0 found free for its steps (the course's thread policy)
     predicted = coll.predict_tp_step(alone, tp, coll.tp_step_collectives(cfg, tp), link,
-                                     cores=cores if device == "cpu" else None)
+                                     cores=cost["cores"] if device == "cpu" else None)
     result["all_reduce"] = {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s,
                             "half_bandwidth_bytes": link.half_bytes,
                             "median_s": {str(n): statistics.median(t) for n, t in cost["sweep"].items()},

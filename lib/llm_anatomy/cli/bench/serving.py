@@ -247,6 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="number format (fp32: the same greedy tokens everywhere)")
     args = p.parse_args(argv)
-    set_threads(args.threads)
+    set_threads(args.threads, args.device)
     return report(run(args.device, args.model_size, args.quick, args.dtype, progress(args.json)), args.json,
                   format_table)

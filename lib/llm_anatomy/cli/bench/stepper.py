@@ -23,15 +23,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda or mps")
     parser.add_argument("--prompt", default="Tell me about the history of the bicycle.")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for torch (default: torch's choice); 1 helps on a busy, shared machine")
+                        help="CPU threads for torch (default: one per core free now)")
     args = parser.parse_args(argv)
 
     import torch
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit("--threads must be 1 or more")
-        torch.set_num_threads(args.threads)
+    from . import set_threads
+
+    set_threads(args.threads, args.device)
 
     from ...device import timed
     from ...weights.load import load_model
