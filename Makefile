@@ -4,6 +4,7 @@
 # And to look before you run:
 #   make site          the course executed, as a static HTML book in build/site/ (prints where to open it)
 #   make screenshots   the README's pictures in docs/images/ (committed), from the real widgets and notebook 07
+#   make busy-check    every notebook with one and with both cores burned: the same verdicts, and the times
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -13,7 +14,7 @@ NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 # tools/site/capture.py only reads nbval's results; it also puts tests/browser/test_site.py after the notebooks.
 BOOK_CAPTURE := -p tools.site.capture --executed-to=build/executed
 
-.PHONY: lab test site screenshots setup model doctor bench notebooks lock clean
+.PHONY: lab test site screenshots busy-check setup model doctor bench notebooks lock clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "LLM Anatomy needs Python 3.11 or newer (transformers 5 does); found " + sys.version.split()[0])'
@@ -54,6 +55,12 @@ screenshots: model
 	LLM_ANATOMY_README_IMAGES=1 $(BIN)/python -m pytest -p no:cacheprovider -m browser -q \
 	    tests/browser/test_03_attention.py tests/browser/test_site.py::test_readme_stepper_mid_generation
 	$(BIN)/python -m tools.site readme-images
+
+# The course on a busy machine: every notebook run idle, then with one and with both cores kept busy by other
+# processes (tools/busy_check.py). Every run must give the idle run's claim verdicts; the table of seconds (and the
+# ratio to idle, at most 2x with one core burned) is printed and kept in build/busy/table.md. About 40 minutes on 2 cores.
+busy-check: model
+	$(BIN)/python tools/busy_check.py notebooks/[0-9][0-9]_*.ipynb --burn 1 --burn 2 --out build/busy
 
 doctor: setup
 	$(BIN)/python -m llm_anatomy doctor

@@ -11,7 +11,7 @@ A verdict is what a code cell ended with, per claim: "holds" (a green `claim` li
 anything else (an `assert` that a picture's story holds, say). Every run must give the idle run's verdicts; the
 readings' numbers and the spread warnings beside them may differ, which is what they are for. The table gives each
 notebook's seconds idle and busy; with one core burned no notebook should take more than MAX_RATIO times its idle
-time (a busy run over it is flagged). --out DIR keeps the executed copies and summary.json. tests/test_busy_machine.py
+time (a busy run over it is flagged). --out DIR keeps the executed copies, summary.json and table.md. tests/test_busy_machine.py
 runs this on notebooks 05 to 09 with a core burned, after nbval's own run of them (the idle one).
 """
 
@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     results = [check(nb, burns, args.idle, args.out) for nb in args.notebooks]
     print(table(results, burns))
     if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+        (args.out / "table.md").write_text(table(results, burns) + "\n")
     bad = [r["notebook"] for r in results if r["idle_failures"] or any(run["differences"] for run in r["runs"])]
     slow = [r["notebook"] for r in results if any(too_slow(run) for run in r["runs"])]
     if slow:
