@@ -46,7 +46,7 @@ test: model
 site: model
 	@status=0; $(BIN)/python -m pytest notebooks tests/browser $(NBVAL) -p no:cacheprovider $(BOOK_CAPTURE) \
 	    $(PYTEST_ARGS) || status=$$?; \
-	$(BIN)/python -m tools.site build || exit 1; exit $$status
+	$(BIN)/python -m tools.site build $$([ $$status -eq 0 ] || echo --after-failed-run) || exit 1; exit $$status
 
 # The README's pictures (docs/images/, committed): the stepper mid-generation and the attention explorer as
 # Chromium renders them in JupyterLab, and notebook 07's measured roofline. Needs chromium.

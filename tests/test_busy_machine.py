@@ -87,7 +87,10 @@ def test_the_burner_keeps_a_core_busy_and_stops():
 def _idle_run(config, notebook: Path) -> nbformat.NotebookNode:
     recorder = config.pluginmanager.get_plugin("llm-anatomy-book-recorder")
     if recorder is not None and notebook.name in recorder.seconds:  # nbval ran it in this session, and it was kept
-        return nbformat.read(str(recorder.folder / notebook.name), as_version=4)
+        nb = nbformat.read(str(recorder.folder / notebook.name), as_version=4)
+        if busy_check.failures(busy_check.verdicts(nb)):  # nbval has named each failure once already
+            pytest.skip(f"{notebook.name} failed in nbval's run of it, above: no idle verdicts to compare with")
+        return nb
     return busy_check.execute(notebook)[0]
 
 

@@ -215,6 +215,28 @@ def test_a_failed_cell_stops_the_build_naming_notebook_and_cell(tmp_path):
     assert not paths["out"].exists(), "nothing is written when the book cannot be built"
 
 
+def test_after_a_failed_run_the_build_points_to_the_failure_instead_of_repeating_it(tmp_path, capsys, monkeypatch):
+    import functools
+
+    from tools.site.__main__ import main
+
+    failing = _cell("claim('C1', False, 'x')", [dict(output_type="error", ename="ClaimFailed",
+                                                     evalue="C1 NOT shown on this machine: x", traceback=[])],
+                    status="failed")
+    paths = _notebooks(tmp_path, alpha_cells=[_cell("print(1)"), failing])
+    assert site.failed_notebooks(paths["executed"]) == ["01_alpha.ipynb"]
+    assert site.failed_notebooks(tmp_path / "nowhere") == []
+    monkeypatch.setattr(site, "build_book", functools.partial(site.build_book, notebooks=paths["notebooks"],
+                                                              readme=paths["readme"]))
+    args = ["build", "--executed", str(paths["executed"]), "--screenshots", str(paths["screenshots"]),
+            "--out", str(paths["out"])]
+    assert main(args) == 1  # on its own: the whole reason
+    assert "C1 NOT shown on this machine: x" in capsys.readouterr().err
+    assert main(args + ["--after-failed-run"]) == 1  # after make site's pytest run, which named it once
+    told = capsys.readouterr().err
+    assert "a cell failed in 01_alpha.ipynb" in told and "NOT shown" not in told
+
+
 def test_a_notebook_that_did_not_run_to_the_end_or_changed_stops_the_build(tmp_path):
     paths = _notebooks(tmp_path, alpha_cells=[_cell("print(1)"), _cell("print(2)", status="not run", cell_id="late0001")])
     with pytest.raises(site.BuildError, match=r"01_alpha\.ipynb, cell 6 of 7 .*late0001.* never ran"):

@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--screenshots", type=Path, default=build.SCREENSHOTS, help="widget stills (default: %(default)s)")
     b.add_argument("--out", type=Path, default=build.OUT, help="where the book goes (default: %(default)s)")
     b.add_argument("--strict", action="store_true", help="a missing widget still stops the build")
+    b.add_argument("--after-failed-run", action="store_true",
+                   help="the run that executed the notebooks failed and named its failures: point to them, do not "
+                        "repeat them (make site)")
     r = sub.add_parser("readme-images", help="the README's pictures, from the browser tests' screenshots and the "
                                              "executed notebook 07")
     r.add_argument("--executed", type=Path, default=build.EXECUTED)
@@ -28,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
             book = build.build_book(executed=args.executed, screenshots=args.screenshots, out=args.out,
                                     strict=args.strict)
         except build.BuildError as err:
-            print(f"make site: {err}", file=sys.stderr)
+            failed = build.failed_notebooks(args.executed) if args.after_failed_run else []
+            print(f"make site: the book was not built: a cell failed in {', '.join(failed)} (named above, once)"
+                  if failed else f"make site: {err}", file=sys.stderr)
             return 1
         print(book.summary())
         return 0

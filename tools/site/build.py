@@ -33,7 +33,7 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
 
 from tools.site.claims import claim_links, readme_claims, readme_contents  # noqa: E402
 from tools.site.pages import (EXECUTED, NOTEBOOK_NAME, NOTEBOOKS, OUT, README, ROOT, SCREENSHOTS,  # noqa: E402,F401
-                              Book, BuildError, freshness, load_page, notebook_sources, _shown)
+                              Book, BuildError, failed_notebooks, freshness, load_page, notebook_sources, _shown)
 from tools.site.render import render_index, render_pages, write_static  # noqa: E402
 
 # Anything a page would load from elsewhere: src/srcset/data attributes, <link href>, CSS url() and @import.

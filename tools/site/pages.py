@@ -138,6 +138,19 @@ def _staleness(source: Path, executed_dir: Path):
     return nb, []
 
 
+def failed_notebooks(executed: Path = EXECUTED) -> list[str]:
+    """The executed notebooks with a cell that failed (their names), whose failure the run that executed them has
+    already reported: what reports after it name, so that each failure is told once."""
+    import nbformat
+
+    names = []
+    for path in sorted(executed.glob("*.ipynb")) if executed.is_dir() else []:
+        nb = nbformat.read(str(path), as_version=4)
+        if any(cell.metadata.get(META_KEY, {}).get("status") == "failed" for cell in nb.cells):
+            names.append(path.name)
+    return names
+
+
 def freshness(notebooks: Path = NOTEBOOKS, executed: Path = EXECUTED) -> list[str]:
     """Why the executed notebooks are not those of the current notebooks ([] when every one is fresh)."""
     problems = []
