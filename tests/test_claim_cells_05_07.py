@@ -72,31 +72,85 @@ def test_05_c8_fails_when_the_plain_loop_made_other_tokens(course05):
         run_cells(cell_source(*C8_05), namespace=namespace)
 
 
-# 06 · C8's time: on a CPU the cached run must be faster than recomputing (the fed tokens are counted beside it)
+# 06 · C8's time: on a CPU the cached run must be faster than recomputing, the two runs timed call by call in turns
+# (the fed tokens are counted beside it)
 C8_06 = ("06_kv_cache.ipynb", 'claim("C8"')
 
 
-def _timed_runs(cached_s: float, uncached_s: float):
-    tokens = torch.arange(8)[None]  # [1, new tokens]
+@pytest.fixture
+def timed_runs(monkeypatch):
+    """The 06 C8 cell's names, with the interleaved timer replaced by one that reports the given step times."""
+    from llm_anatomy.generate.decode import Generation
+    from llm_anatomy.measure import timing
 
-    def fake_generate_greedy(model, prompt, n, use_cache=True, timed=False):
-        return types.SimpleNamespace(tokens=tokens, step_seconds=[cached_s if use_cache else uncached_s] * n)
+    def runs(cached_s: float, uncached_s: float):
+        tokens = torch.arange(8)[None]  # [1, new tokens]
+        calls = []
 
-    return dict(generate_greedy=fake_generate_greedy, model=None, prompt=torch.zeros(1, 5, dtype=torch.long),
-                NEW_TOKENS=8, loaded=types.SimpleNamespace(dtype=torch.float32), ON_GPU=False, claim=claim,
-                reading=reading, torch=torch, print=lambda *a: None)
+        def fake_interleaved(generations, device):
+            calls.append(sorted(generations))
+            return {"with": Generation(tokens, [cached_s] * 8), "without": Generation(tokens, [uncached_s] * 8)}
+
+        monkeypatch.setattr(timing, "time_generations_interleaved", fake_interleaved)
+        return dict(model=None, prompt=torch.zeros(1, 5, dtype=torch.long), device="cpu", NEW_TOKENS=8,
+                    loaded=types.SimpleNamespace(dtype=torch.float32), ON_GPU=False, claim=claim, reading=reading,
+                    torch=torch, print=lambda *a: None, calls=calls)
+
+    return runs
 
 
-def test_06_c8_time_holds_when_the_cache_is_faster():
-    assert run_cells(cell_source(*C8_06), namespace=_timed_runs(0.01, 0.05))["speedup"] == pytest.approx(5.0)
+def test_06_c8_time_holds_when_the_cache_is_faster(timed_runs):
+    namespace = run_cells(cell_source(*C8_06), namespace=timed_runs(0.01, 0.05))
+    assert namespace["speedup"] == pytest.approx(5.0)
+    assert namespace["calls"] == [["with", "without"]]  # both runs went to the interleaved timer together
 
 
-def test_06_c8_time_fails_when_the_cache_saves_nothing():
+def test_06_c8_time_fails_when_the_cache_saves_nothing(timed_runs):
     with pytest.raises(ClaimFailed, match="C8 NOT shown"):
-        run_cells(cell_source(*C8_06), namespace=_timed_runs(0.05, 0.05))
+        run_cells(cell_source(*C8_06), namespace=timed_runs(0.05, 0.05))
 
 
-def test_06_c8_time_is_only_a_reading_on_a_gpu():
-    namespace = _timed_runs(0.05, 0.01)
+def test_06_c8_time_is_only_a_reading_on_a_gpu(timed_runs):
+    namespace = timed_runs(0.05, 0.01)
     namespace["ON_GPU"] = True
     run_cells(cell_source(*C8_06), namespace=namespace)  # no ClaimFailed: the prose reads the sign there
+
+
+# 07 · C12: TTFT grows with the prompt (the fastest prefills of lengths timed in turns) and exceeds a decode step
+C12_07 = ("07_prefill_and_decode.ipynb", 'claim("C12"')
+
+
+@pytest.fixture
+def course07(tiny_model):
+    from llm_anatomy.generate.decode import prefill
+    from llm_anatomy.measure.timing import time_generations
+    from llm_anatomy.model.kv_cache import kv_cache_bytes
+
+    model = ScratchLlama.from_hf(tiny_model)
+    return dict(model=model, cfg=model.cfg, loaded=types.SimpleNamespace(config=tiny_model.config), device="cpu",
+                dtype=torch.float32, BYTES=4, PROMPT_LENGTHS=[4, 40], NEW=3, REPEATS=2, claim=claim, torch=torch,
+                display=lambda *a: None, print=lambda *a: None, prefill=prefill, time_generations=time_generations,
+                kv_cache_bytes=kv_cache_bytes)
+
+
+def test_07_c12_holds_on_the_prompt_lengths_timed_in_turns(course07, monkeypatch):
+    from llm_anatomy.measure import timing
+
+    seen = []
+    real = timing.time_generations
+    monkeypatch.setattr(timing, "time_generations", lambda *a, **k: seen.append(sorted(a[1])) or real(*a, **k))
+    course07["time_generations"] = timing.time_generations
+    namespace = run_cells(cell_source(*C12_07), namespace=course07)
+    assert seen == [[4, 40]] and set(namespace["timings"]) == {4, 40}  # every length in one interleaved timing
+
+
+def test_07_c12_fails_when_the_long_prompt_is_no_slower(course07):
+    from llm_anatomy.measure.timing import GenerationTiming
+
+    def inverted(model, prompts, new_tokens, warmup, repeats):  # the long prompt's prefill as fast as the short one's
+        return {n: GenerationTiming(ids.shape[1], new_tokens, 1, 0.01, 0.001, [0.01] + [0.001] * (new_tokens - 1),
+                                    [0.01] * repeats) for n, ids in prompts.items()}
+
+    course07["time_generations"] = inverted
+    with pytest.raises(ClaimFailed, match="C12 NOT shown"):
+        run_cells(cell_source(*C12_07), namespace=course07)

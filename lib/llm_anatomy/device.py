@@ -72,7 +72,8 @@ def describe_device(device: torch.device) -> str:
         return f"cuda ({props.name}, {props.total_memory / 1e9:.1f} GB)"
     if device.type == "mps":
         return "mps (Apple GPU)"
-    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    threads = torch.get_num_threads()
+    return f"cpu ({os.cpu_count()} cores, {threads} torch thread{'s' if threads != 1 else ''})"
 
 
 def synchronize(device: torch.device) -> None:
