@@ -104,14 +104,21 @@ def test_the_packed_model_decodes_like_its_dequantized_weights(scratch, chat, fm
         first = int((got_tokens != want_tokens).nonzero()[0, 1])
         with torch.no_grad(), q.quantize_model_weights(scratch, fmt, 32, head_fmt="int8"):
             steps = scratch(torch.cat([chat, want_tokens], 1))[0, chat.shape[1] - 1:-1]  # [32, vocab] each step's
-        top2 = steps.topk(2, dim=-1).values
-        leads = top2[:, 0] - top2[:, 1]  # [32] how far the reference's token led the runner-up at each step
+        with torch.no_grad():
+            fast_steps = fast(torch.cat([chat, want_tokens], 1))[0, chat.shape[1] - 1:-1].float()
+        top2 = steps.topk(2, dim=-1)
+        leads = top2.values[:, 0] - top2.values[:, 1]  # [32] how far the reference's token led the runner-up
+        fast_leads = fast_steps.gather(1, top2.indices)  # [32, 2] the packed model's logits for the same two tokens
+        drift = (leads - (fast_leads[:, 0] - fast_leads[:, 1])).abs()  # [32] how far bf16 rounding moved each lead
+        others = torch.cat([drift[:first], drift[first + 1:]])
         margin = float(steps[first, want_tokens[0, first]] - steps[first, got_tokens[0, first]])
-        # a turn is allowed only at a near-tie of the reference, well below how far its token leads at a typical
-        # step; where it falls depends on the CPU's bf16 rounding (token 18 on 2026-12-02's machine, >= 24 before)
-        assert abs(margin) < 0.25 < float(leads.median()), (
-            f"token {first} differs where the reference preferred its own by {margin:.2f} (its median lead "
-            f"{float(leads.median()):.2f})")
+        # a turn is allowed only at a near-tie of the reference: a margin within twice the largest drift the kernels'
+        # rounding gave any other step, itself well below the typical lead (where it falls depends on the CPU's bf16
+        # rounding: token 18 on 2026-12-02's machine at 0.04, token 3 at 0.25 on 2026-12-04's)
+        tolerance = 2 * float(others.max())
+        assert abs(margin) < tolerance < float(leads.median()), (
+            f"token {first} differs where the reference preferred its own by {margin:.2f}; the kernels moved no other "
+            f"step's lead by more than {tolerance / 2:.2f} (the median lead {float(leads.median()):.2f})")
     fp32_bytes, packed_bytes = packed.matmul_weight_bytes(scratch), packed.matmul_weight_bytes(fast)
     assert packed_bytes < (0.27 if fmt == "int8" else 0.2) * fp32_bytes
     per_position = 2 * scratch.cfg.num_layers * scratch.cfg.num_kv_heads * scratch.cfg.head_dim * 4  # fp32 K and V
