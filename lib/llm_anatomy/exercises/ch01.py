@@ -7,6 +7,8 @@ Each check runs the learner's function on text the notebook never showed, compar
 
 from __future__ import annotations
 
+import random
+
 import regex
 
 from ..texts import HELD_BACK, HELD_BACK_2
@@ -56,13 +58,18 @@ def check_pair_counts(pair_counts) -> str:
         expect(got != _non_overlapping_counts(ids), "count overlapping pairs too: in 5, 5, 5 the pair (5, 5) occurs "
                                                     "twice (positions 0-1 and 1-2).")
         expect(False, f"for {ids} the counts are {want}, not {got}.")
-    counts = {(5, 5): 10}
-    with _no_helper("pair_counts"):
-        got = call(pair_counts, [5, 5, 6], counts)
-    expect(got is counts or got == {(5, 5): 11, (5, 6): 1}, "add into the counts you are given (the loop calls you "
-                                                           "once per chunk with one shared dict), and return them.")
-    expect(got == {(5, 5): 11, (5, 6): 1}, f"adding [5, 5, 6] to {{(5, 5): 10}} gives {{(5, 5): 11, (5, 6): 1}}, not "
-                                           f"{got}: add to the counts already there, do not replace them.")
+    for given in ({(5, 5): 10}, {}):  # the training loop passes one dict, empty at first, and reads that one
+        counts, before = given, dict(given)
+        with _no_helper("pair_counts"):
+            got = call(pair_counts, [5, 5, 6], counts)
+        want = {(5, 5): before.get((5, 5), 0) + 1, (5, 6): 1}
+        expect(got is counts or bool(before), "given an empty dict you returned another one: `counts or {}` makes a new "
+                                        "dict when counts is empty ({} counts as false), so the training loop, which "
+                                        "reads the dict it passed, sees nothing. Test `if counts is None:` instead.")
+        expect(got is counts, "you returned another dict: add into the counts you are given, that dict itself (the "
+                              "loop calls you once per chunk with one shared dict and reads it), and return it.")
+        expect(counts == want, f"adding [5, 5, 6] to {before} gives {want}, not {counts}: add to the counts already "
+                               "there, do not replace them.")
     return "every adjacent pair counted, overlapping ones too, added into one dict across chunks: BPE's statistics."
 
 
@@ -72,7 +79,8 @@ def _merge_without_skip(ids: list[int], pair: tuple[int, int], new_id: int) -> l
 
 
 MERGE_CASES = [([1, 2, 3, 1, 2], (1, 2), 9), ([4, 4, 4], (4, 4), 9), ([4, 4, 4, 4, 4], (4, 4), 300),
-               ([7, 8, 7], (8, 9), 300), ([2, 6, 2, 6], (2, 6), 256), ([5], (5, 5), 256)]
+               ([7, 8, 7], (8, 9), 300), ([2, 6, 2, 6], (2, 6), 256), ([5], (5, 5), 256),
+               ([11, 2, 1, 2, 21, 1, 23], (1, 2), 256), ([12, 1, 2, 112], (1, 2), 300)]  # ids of several digits
 
 
 @exercise
@@ -95,6 +103,9 @@ def check_merge(merge) -> str:
             continue
         expect(got != _merge_without_skip(ids, pair, new_id), "after a match, skip both ids of the pair (i += 2): "
                                                                "4, 4, 4 with the pair (4, 4) becomes 9, 4.")
+        expect(max(ids) < 10, f"merge works on ids, not on their digits: {ids} holds the pair {pair} only where two "
+                              f"neighbouring ids are {pair[0]} and {pair[1]}, so it becomes {want}, not {got}. Replacing "
+                              "text in the joined ids also matches inside 11, 2 or 21, 1, 2: compare ids pairwise.")
         expect(not (len(got) == len(want) - 1 and got == want[:-1]), f"the last id is lost ({want} expected, got "
                                                                     f"{got}): keep an id at the end that starts no pair.")
         expect(ids.count(pair[0]) < 2 or got.count(new_id) != 1 or want.count(new_id) == 1,
@@ -126,6 +137,36 @@ def _as_pairs(merges) -> list[tuple[tuple[int, int], int]]:
     return pairs
 
 
+def _counted_once_per_chunk(text: str, vocab_size: int) -> dict:
+    """The loop with each pair counted once per chunk however often it occurs there (set(zip(ids, ids[1:])))."""
+    chunks, merges = [list(c.encode("utf-8")) for c in PreSplitter()(text)], {}
+    for new_id in range(256, vocab_size):
+        counts: dict = {}
+        for ids in chunks:
+            for pair in set(zip(ids, ids[1:])):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = bpe.most_frequent(counts)
+        merges[best] = new_id
+        chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+    return merges
+
+
+def _generated_text(vocab_size: int) -> str:
+    """A text made up at check time whose words repeat a pair inside themselves (' banana', ' lolol'), on which
+    counting a pair once per chunk learns other merges than counting every occurrence."""
+    rng = random.Random()
+    for _ in range(50):  # bounded: nearly every draw tells the two apart
+        syllables = [rng.choice("bdklmnprst") + rng.choice("aeiou") for _ in range(6)]
+        words = [rng.choice(syllables) * rng.randint(2, 4) + rng.choice(["", "s", "n"]) for _ in range(12)]
+        words += ["".join(rng.sample(syllables, 3)) for _ in range(12)]  # and words with no repeat, seen often
+        text = " ".join(rng.choice(words) for _ in range(160))
+        if list(_counted_once_per_chunk(text, vocab_size)) != list(bpe_train.train_plain(text, vocab_size)[0]):
+            return text
+    raise RuntimeError("no generated text told the two ways of counting apart")
+
+
 def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> None:
     """Name the loop mistakes that the merge-by-merge replay would blame on something else."""
     pairs = [pair for pair, _ in got]
@@ -138,6 +179,11 @@ def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> Non
     made = {i: bytes([i]) for i in range(256)}
     for (left, right), new_id in got:
         made[new_id] = made.get(left, b"?") + made.get(right, b"?")
+    once = _counted_once_per_chunk(text, vocab_size)
+    if list(once) != list(expected) and [pair for pair, _ in got] == list(once)[:len(got)]:
+        expect(False, "you counted each pair once per chunk, however often it occurs there (a set of pairs?): in "
+                      "' banana' the pair 'an' occurs twice, and BPE counts every occurrence. Add 1 for each adjacent "
+                      "pair, repeats included (bpe.pair_counts(ids, counts)).")
     spaces = [new_id for _, new_id in got if b" " in made[new_id]]
     if dict(got) == words or (not spaces and any(32 in pair for pair in list(expected)[:len(got)])):
         expect(False, "none of your tokens holds a space: did you cut the text with str.split()? It throws the "
@@ -158,7 +204,7 @@ def check_train(train, vocab_size: int = 256 + 40) -> str:
     """Exercise 1.1: train(text, vocab_size) -> {(left id, right id): new id}, in the order learned."""
     expect(callable(train), "define a function train(text, vocab_size) that returns the merges as a dict.")
     first = None
-    for text, size in ((HELD_BACK, vocab_size), (HELD_BACK_2, 256 + 27)):
+    for text, size in ((HELD_BACK, vocab_size), (HELD_BACK_2, 256 + 27), (_generated_text(256 + 20), 256 + 20)):
         expected, history = bpe_train.train_plain(text, size)
         with _no_trainer():
             got = call(train, text, size)
@@ -169,8 +215,9 @@ def check_train(train, vocab_size: int = 256 + 40) -> str:
                "passes (and stop at `vocab_size`), not from a text or a table fixed in advance.")
         _check_merges(got, text, size, expected)
         first = got
-    return (f"the same merges as the library on two texts you had not seen, at two vocabulary sizes (the last merge "
-            f"was seen {history[-1].count} times). The fast trainer below learns exactly these.")
+    return (f"the same merges as the library on three texts you had not seen (one made up just now), at three "
+            f"vocabulary sizes (the last merge was seen {history[-1].count} times). The fast trainer below learns "
+            "exactly these.")
 
 
 def _check_merges(got, text: str, vocab_size: int, expected: dict) -> None:

@@ -1,0 +1,84 @@
+"""The third pass over the exercise checks (issue 37): each wrong answer a learner's run of every exercise found
+accepted is refused here, with the message that names its real mistake, and each right answer it found refused is
+accepted. test_wrong_answers.py holds the earlier passes."""
+
+from __future__ import annotations
+
+import pytest
+from exercise_helpers import load_solutions, not_yet
+
+from llm_anatomy.exercises import ch01
+from llm_anatomy.tokens import bpe
+
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1,)}
+
+
+# =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
+
+def _counts_or_new(ids, counts=None):
+    counts = counts or {}  # an empty dict is false: a new one is made, and the loop's own stays empty
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _copied_counts(ids, counts=None):
+    out = dict(counts or {})
+    for pair in zip(ids, ids[1:]):
+        out[pair] = out.get(pair, 0) + 1
+    return out
+
+
+def test_1_1a_counts_not_added_into_the_dict_given_are_refused():
+    not_yet(ch01.check_pair_counts(_counts_or_new), "counts or {}", "if counts is None")
+    not_yet(ch01.check_pair_counts(_copied_counts), "another dict", "add into the counts you are given")
+    assert ch01.check_pair_counts(solutions[1].pair_counts).passed
+
+
+def test_1_1a_the_training_loop_with_such_counts_learns_nothing():
+    # why it matters: the loop passes one empty dict and reads it, ignoring what comes back
+    counts = {}
+    _counts_or_new([1, 2, 1, 2], counts)
+    assert counts == {}
+    solutions[1].pair_counts([1, 2, 1, 2], counts)
+    assert counts == {(1, 2): 2, (2, 1): 1}
+
+
+def _merge_as_text(ids, pair, new_id):
+    text = " ".join(map(str, ids)).replace(f"{pair[0]} {pair[1]}", str(new_id))
+    return [int(t) for t in text.split()]
+
+
+def test_1_1b_a_string_replace_merge_is_refused_on_ids_of_several_digits():
+    assert _merge_as_text([11, 2], (1, 2), 9) == [19]  # the mistake: the digits of 11, 2 hold "1 2"
+    assert _merge_as_text([1, 2, 3, 1, 2], (1, 2), 9) == [9, 3, 9]  # right on every one-digit case
+    not_yet(ch01.check_merge(_merge_as_text), "not on their digits")
+    assert ch01.check_merge(solutions[1].merge).passed
+
+
+def _train_counting_once(text, vocab_size):
+    chunks = [list(c.encode("utf-8")) for c in bpe.PreSplitter()(text)]
+    merges = {}
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids in chunks:
+            for pair in set(zip(ids, ids[1:])):  # once per chunk: ' banana' gives 'an' once
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = bpe.most_frequent(counts)
+        merges[best] = new_id
+        chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+    return merges
+
+
+@pytest.mark.parametrize("attempt", range(3))  # the third text is made up at each check: three draws
+def test_1_1_counting_a_pair_once_per_chunk_is_refused_and_named(attempt):
+    not_yet(ch01.check_train(_train_counting_once), "once per chunk", "banana")
+
+
+def test_1_1_the_generated_text_repeats_pairs_inside_words_and_tells_the_counts_apart():
+    text = ch01._generated_text(256 + 20)
+    assert text != ch01._generated_text(256 + 20)  # made up at check time, not a fixed text to memorise
+    assert list(_train_counting_once(text, 256 + 20)) != list(bpe.train_plain(text, 256 + 20)[0])
+    assert ch01.check_train(solutions[1].train).passed
