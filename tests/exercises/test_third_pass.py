@@ -4,13 +4,15 @@ accepted. test_wrong_answers.py holds the earlier passes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 from exercise_helpers import load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01
+from llm_anatomy.exercises import ch01, ch02
 from llm_anatomy.tokens import bpe
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1,)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -82,3 +84,31 @@ def test_1_1_the_generated_text_repeats_pairs_inside_words_and_tells_the_counts_
     assert text != ch01._generated_text(256 + 20)  # made up at check time, not a fixed text to memorise
     assert list(_train_counting_once(text, 256 + 20)) != list(bpe.train_plain(text, 256 + 20)[0])
     assert ch01.check_train(solutions[1].train).passed
+
+
+# =========================================================================== 2.2: nearest neighbours, no loop
+
+def _neighbours_loop_in_torch(table, ids, k):
+    rows = table / table.norm(dim=-1, keepdim=True)
+    sims = []
+    for i in ids:  # one query at a time, no matrix product: the whole-table method is the lesson
+        s = (rows * rows[i]).sum(-1)
+        s[i] = -2.0
+        sims.append(s)
+    return torch.stack(sims).topk(k, dim=-1).indices
+
+
+def _neighbours_loop_in_numpy(table, ids, k):
+    rows = table.numpy() / np.linalg.norm(table.numpy(), axis=-1, keepdims=True)
+    out = []
+    for i in ids.numpy():
+        s = rows @ rows[i]
+        s[i] = -2.0
+        out.append(np.argsort(-s)[:k])
+    return torch.as_tensor(np.stack(out))
+
+
+def test_2_2_a_loop_over_the_queries_in_python_or_numpy_is_refused():
+    not_yet(ch02.check_nearest_neighbours(_neighbours_loop_in_torch), "for one query", "loop over the queries")
+    not_yet(ch02.check_nearest_neighbours(_neighbours_loop_in_numpy), "don't call", "stay in torch")
+    assert ch02.check_nearest_neighbours(solutions[2].neighbours).passed

@@ -97,6 +97,8 @@ _PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.T
              torch.Tensor.mm, torch.mv, torch.Tensor.mv, torch.bmm, torch.Tensor.bmm, torch.einsum, torch.dot,
              torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.tensordot, torch.nn.functional.linear,
              torch.nn.functional.cosine_similarity, torch.cosine_similarity}
+_LEAVING_TORCH = [(torch.Tensor, "numpy"), (torch.Tensor, "__array__")]  # NumPy's loops
+# are none of torch's calls: the count below could not see them
 _CHOICES = {torch.topk, torch.Tensor.topk, torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort,
             torch.argmax, torch.Tensor.argmax, torch.kthvalue, torch.Tensor.kthvalue}
 
@@ -143,8 +145,17 @@ def check_nearest_neighbours(neighbours) -> str:
                (embeddings, "cosine_similarities"), (embeddings, "nearest_neighbours")]
     for seed, vocab, hidden, k in [(5, 300, 12, 4), (6, 1000, 24, 7)]:
         table, ids = _neighbour_table(seed, vocab, hidden)
-        with forbidden_all(library, "normalise the rows and take one matrix product yourself"), _Counted() as ran:
+        with forbidden_all(library, "normalise the rows and take one matrix product yourself"), \
+                forbidden_all(_LEAVING_TORCH, "stay in torch: one matrix product compares every query with every row"), \
+                _Counted() as one:
+            call(neighbours, table.clone(), ids[:1].clone(), k)  # one query: what a loop over queries does once
+        with forbidden_all(library, "normalise the rows and take one matrix product yourself"), \
+                forbidden_all(_LEAVING_TORCH, "stay in torch: one matrix product compares every query with every row"), \
+                _Counted() as ran:
             out = call(neighbours, table.clone(), ids.clone(), k)
+        expect(ran.calls <= one.calls + 2, f"your code ran {one.calls} torch calls for one query and {ran.calls} for "
+                                           f"{len(ids)}: a Python loop over the queries. Compare all of them with the "
+                                           "whole table at once: one matrix product and one topk.")
         expect(ran.products <= 2 and ran.choices <= 2 and ran.calls <= 60,
                f"compare all {len(ids)} queries with the whole table at once: one matrix product (the normalised "
                f"query rows times the normalised table, transposed) and one topk. Your code ran {ran.products} "
