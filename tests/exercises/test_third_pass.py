@@ -4,15 +4,17 @@ accepted. test_wrong_answers.py holds the earlier passes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from exercise_helpers import load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02
+from llm_anatomy.exercises import ch01, ch02, ch03
 from llm_anatomy.tokens import bpe
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -112,3 +114,36 @@ def test_2_2_a_loop_over_the_queries_in_python_or_numpy_is_refused():
     not_yet(ch02.check_nearest_neighbours(_neighbours_loop_in_torch), "for one query", "loop over the queries")
     not_yet(ch02.check_nearest_neighbours(_neighbours_loop_in_numpy), "don't call", "stay in torch")
     assert ch02.check_nearest_neighbours(solutions[2].neighbours).passed
+
+
+# =========================================================================== 3.3: grouped scores with no copy of K
+
+def _scores_with(copy):
+    def grouped_scores(q, k):
+        n_rep = q.shape[0] // k.shape[0]
+        return q @ copy(k, n_rep).transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return grouped_scores
+
+
+K_COPIES = {
+    "arange-index": lambda k, n: k[torch.arange(k.shape[0] * n) // n],
+    "cat": lambda k, n: torch.cat([k[g:g + 1] for g in range(k.shape[0]) for _ in range(n)]),
+    "stack": lambda k, n: torch.stack([k[h // n] for h in range(k.shape[0] * n)]),
+    "index_select": lambda k, n: k.index_select(0, torch.arange(k.shape[0] * n) // n),
+    "broadcast_to": lambda k, n: k[:, None].broadcast_to(k.shape[0], n, *k.shape[1:]).reshape(-1, *k.shape[1:]),
+}
+
+
+@pytest.mark.parametrize("copy", sorted(K_COPIES))
+def test_3_3_a_k_copied_for_every_query_head_is_refused(copy):
+    not_yet(ch03.check_grouped_scores(_scores_with(K_COPIES[copy])), "K was copied for every query head")
+
+
+def test_3_3_no_copy_passes_a_per_head_view_too_and_3_2_no_longer_recommends_indexing():
+    def per_head_views(q, k):  # k[h // n_rep] is a view: no copy, though not the reshape the text shows
+        n_rep = q.shape[0] // k.shape[0]
+        return torch.stack([q[h] @ k[h // n_rep].T for h in range(q.shape[0])]) / math.sqrt(q.shape[-1])
+
+    assert ch03.check_grouped_scores(solutions[3].grouped_scores).passed
+    assert ch03.check_grouped_scores(per_head_views).passed
+    assert not any("index it" in text for text in ch03.check_expand_kv.hints)

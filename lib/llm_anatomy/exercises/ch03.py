@@ -90,7 +90,7 @@ def _library_repeat(k: torch.Tensor, heads: int) -> torch.Tensor:
        "Query heads are grouped in order: with 9 over 3, heads 0-2 read KV head 0, heads 3-5 read KV head 1, ... So KV "
        "head g must appear n_heads // kv_heads times in a row: repeat each head, do not tile the whole stack.",
        "n_rep = n_heads // k.shape[0]; return k.repeat_interleave(n_rep, dim=0)  # [kv_heads, seq, d] -> "
-       "[n_heads, seq, d]; or index it: k[torch.arange(n_heads) // n_rep]")
+       "[n_heads, seq, d]: a real copy, n_rep times the memory (exercise 3.3 needs no copy at all)")
 def check_expand_kv(expand_kv) -> str:
     """Exercise 3.2: expand_kv(k, n_heads) gives each query head the K (or V) head its group shares: [n_heads, seq, d]."""
     expect(callable(expand_kv), "define a function expand_kv(k, n_heads).")
@@ -132,6 +132,43 @@ def _copies_of_k() -> forbidden_all:
                          "leave K as it is ([kv_heads, seq, head_dim]) and reshape the queries instead")
 
 
+_PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.bmm,
+             torch.Tensor.bmm, torch.mm, torch.Tensor.mm, torch.einsum, torch.baddbmm, torch.Tensor.baddbmm,
+             torch.nn.functional.linear, torch.tensordot, torch.inner, torch.Tensor.inner}
+
+
+class _KOperands:
+    """Watches every matrix product while the learner's code runs and keeps the largest operand shaped like K
+    ([..., k_len, d] or [..., d, k_len]): K left with kv_heads as a batch dimension holds no more numbers than K;
+    a K copied for every query head (indexing, cat, stack, index_select, broadcast_to then reshape) holds n_rep
+    times as many."""
+
+    def __init__(self, k_len: int, d: int):
+        self.shapes, self.largest = {(k_len, d), (d, k_len)}, 0
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        watch = self
+
+        class Products(TorchFunctionMode):
+            def __torch_function__(self, func, types_, args=(), kwargs=None):
+                if func in _PRODUCTS:
+                    operands = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+                    for t in operands + list((kwargs or {}).values()):
+                        if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) in watch.shapes:
+                            watch.largest = max(watch.largest, t.numel())
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Products()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
+
+
 def _grouped_reference(q: torch.Tensor, k: torch.Tensor, grouping: str = "h // n_rep", scale=True) -> torch.Tensor:
     heads, kv = q.shape[0], k.shape[0]
     n_rep = heads // kv
@@ -152,11 +189,16 @@ def check_grouped_scores(grouped_scores) -> str:
     expect(callable(grouped_scores), "define a function grouped_scores(q, k) that returns the scores of every query "
                                      "head.")
     g = torch.Generator().manual_seed(33)
-    for heads, kv, q_len, k_len, d in [(6, 2, 5, 5, 8), (8, 4, 1, 7, 16), (4, 1, 3, 6, 4)]:
+    for heads, kv, q_len, k_len, d in [(6, 2, 3, 5, 8), (8, 4, 1, 7, 16), (4, 1, 3, 6, 4)]:  # K's shape is its own
         q = torch.randn(heads, q_len, d, generator=g)
         k = torch.randn(kv, k_len, d, generator=g)
-        with _copies_of_k():
+        with _copies_of_k(), _KOperands(k_len, d) as products:
             out = returned(call(grouped_scores, q.clone(), k.clone()), "tensor", "the scores")
+        expect(products.largest <= k.numel(), f"your matrix product read a K of {products.largest} numbers, "
+                                              f"{products.largest // k.numel()}x the {k.numel()} of the K you were "
+                                              f"given: K was copied for every query head (indexing with arange // "
+                                              "n_rep, cat, stack, index_select and broadcast_to(...).reshape all copy). "
+                                              "Leave K as [kv_heads, k_len, d] and reshape the queries instead.")
         expect(tuple(out.shape) == (heads, q_len, k_len), f"for {heads} query heads, {q_len} queries and {k_len} keys "
                                                           f"return [{heads}, {q_len}, {k_len}], not {list(out.shape)}.")
         out = out.double()
