@@ -11,10 +11,10 @@ import pytest
 import torch
 from exercise_helpers import load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03
+from llm_anatomy.exercises import ch01, ch02, ch03, ch06
 from llm_anatomy.tokens import bpe
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -147,3 +147,45 @@ def test_3_3_no_copy_passes_a_per_head_view_too_and_3_2_no_longer_recommends_ind
     assert ch03.check_grouped_scores(solutions[3].grouped_scores).passed
     assert ch03.check_grouped_scores(per_head_views).passed
     assert not any("index it" in text for text in ch03.check_expand_kv.hints)
+
+
+# =========================================================================== 6.1, 6.2, 6.3: the KV cache
+
+def _generate_one_call_too_many(model, ids, max_new_tokens, stop_ids):
+    cache = model.new_cache(1, ids.shape[1] + max_new_tokens + 1)
+    logits, out = model(ids, cache), []
+    while True:
+        next_id = logits[:, -1:].argmax(-1)
+        out.append(int(next_id))
+        logits = model(next_id, cache)  # one pass too many: after the last token, before deciding to stop
+        if out[-1] in stop_ids:
+            return out, "stop"
+        if len(out) == max_new_tokens:
+            return out, "length"
+
+
+def test_6_1_a_forward_pass_after_the_last_token_is_named():
+    not_yet(ch06.check_generate_with_cache(_generate_one_call_too_many), "wasted forward pass")
+    assert ch06.check_generate_with_cache(solutions[6].generate_with_cache).passed
+
+
+def _update_by_clone_and_cat(self, layer, k, v):
+    end = self.length + k.shape[2]
+    old_k, old_v = self.keys[layer][:, :, :self.length].clone(), self.values[layer][:, :, :self.length].clone()
+    self.keys[layer][:, :, :end] = torch.cat([old_k, k], dim=2)  # the whole cache so far copied at every step
+    self.values[layer][:, :, :end] = torch.cat([old_v, v], dim=2)
+    return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
+def test_6_2_an_update_that_clones_and_cats_the_stored_positions_is_named():
+    not_yet(ch06.check_cache_update(_update_by_clone_and_cat), "copied", "Write only the new k and v")
+    assert ch06.check_cache_update(solutions[6].update).passed
+
+
+def test_6_3_ignoring_the_configs_head_dim_is_named_as_such():
+    def default_head_dim(config, context, size):  # the right formula with hidden_size // heads always
+        return solutions[6].kv_cache_bytes({k: v for k, v in config.items() if k != "head_dim"}, context, size)
+
+    verdict = ch06.check_kv_cache_bytes(default_head_dim)
+    not_yet(verdict, "head_dim")
+    assert "only the keys" not in verdict.message

@@ -22,9 +22,9 @@ def _held_back_configs() -> list[tuple[str, dict, int]]:
     hybrid = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(16)]
     return [("an MHA model in fp32 whose config has no num_key_value_heads",
              dict(num_hidden_layers=12, num_attention_heads=12, hidden_size=768), 4),
-            ("a GQA model with head_dim 128 (not hidden_size / heads)",
-             dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, hidden_size=1024,
-                  head_dim=128), 2),
+            ("a GQA model with head_dim 256 (not hidden_size / heads = 288)",
+             dict(num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, hidden_size=2304,
+                  head_dim=256), 2),  # Gemma-2-2B's shape: ignoring head_dim is not off by the factor 2 of K alone
             ("an MQA model", dict(num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=1,
                                   hidden_size=2048), 2),
             ("an MLA model (its config names 16 KV heads too)",
@@ -171,8 +171,12 @@ def check_generate_with_cache(generate_with_cache) -> str:
             expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
         expect(got == want, f"expected {want}, got {got}: take the last position's logits each time, and keep "
                             "the stop token.")
-        expect(len(rec.fed) <= len(got) + 1, f"{len(got)} tokens need at most {len(got)} model calls (a prefill and "
-                                             f"{len(got) - 1} steps); you made {len(rec.fed)}.")
+        expect(len(rec.fed) != len(got) + 1, f"{len(got)} tokens need {len(got)} model calls (a prefill and "
+                                             f"{len(got) - 1} steps); you made one more, after the last token: a "
+                                             "wasted forward pass whose logits nobody reads. Decide whether to stop "
+                                             "(a stop id, or max_new_tokens made) before calling the model again.")
+        expect(len(rec.fed) <= len(got), f"{len(got)} tokens need {len(got)} model calls (a prefill and "
+                                         f"{len(got) - 1} steps); you made {len(rec.fed)}.")
         expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}.")
     return "one prefill, then one token per call: each step's work no longer grows with the text."
 
@@ -187,6 +191,35 @@ def _small_cache(cls, length: int) -> KVCache:
         cache.values[layer][:, :, :length] = torch.randn(2, 3, length, 4, generator=g)
     cache.length = length
     return cache
+
+
+class _Copies:
+    """The largest tensor that torch.cat, torch.stack or a clone made while the block ran: an update that copies
+    only the new k and v makes none larger than them."""
+
+    MAKERS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.clone, torch.Tensor.clone,
+              torch.Tensor.contiguous}
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        watch, self.largest = self, 0
+
+        class Watching(TorchFunctionMode):
+            def __torch_function__(self, func, types_, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func in _Copies.MAKERS and isinstance(out, torch.Tensor) and not (
+                        func is torch.Tensor.contiguous and out is args[0]):
+                    watch.largest = max(watch.largest, out.numel())
+                return out
+
+        self._mode = Watching()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
 
 
 def _no_library_update() -> forbidden_all:
@@ -208,7 +241,7 @@ def check_cache_update(update) -> str:
         cache, before = _small_cache(learner, length), _small_cache(KVCache, length)
         preallocated = cache.keys[1], cache.values[1]  # [batch, kv_heads, max_len, head_dim] each
         k, v = torch.randn(2, 3, new, 4), torch.randn(2, 3, new, 4)  # [batch, kv_heads, new, head_dim]
-        with _no_library_update():
+        with _no_library_update(), _Copies() as copies:
             got = returned(call(update, cache, 1, k.clone(), v.clone()), "pair", "(keys, values)")
         keys, values = (returned(t, "tensor", "the keys and the values") for t in got)
         expect(cache.keys[1] is preallocated[0] and cache.values[1] is preallocated[1],
@@ -238,6 +271,10 @@ def check_cache_update(update) -> str:
         expect(keys.data_ptr() == cache.keys[1].data_ptr() and values.data_ptr() == cache.values[1].data_ptr(),
                "you return a copy (torch.cat or .clone()): it is right, but copies the whole cache at every layer of "
                "every step. Return a slice of the preallocated tensor, a view: no copy.")
+        expect(copies.largest <= k.numel(), f"right, but your update copied {copies.largest} numbers for {k.numel()} "
+                                            "new ones (a clone or torch.cat of the positions already stored, written "
+                                            "back in place): every step of every layer would copy the whole cache. "
+                                            "Write only the new k and v: self.keys[layer][:, :, length:end] = k.")
     model = tiny_model()  # the whole model, decoding with the learner's cache, gives the library's tokens
     ids = torch.randint(3, model.cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(9))
     cfg = model.cfg
