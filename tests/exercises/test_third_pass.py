@@ -4,17 +4,19 @@ accepted. test_wrong_answers.py holds the earlier passes."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import operator
 
 import numpy as np
 import pytest
 import torch
 from exercise_helpers import load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03, ch06
+from llm_anatomy.exercises import ch01, ch02, ch03, ch06, ch08
 from llm_anatomy.tokens import bpe
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6, 8)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -189,3 +191,22 @@ def test_6_3_ignoring_the_configs_head_dim_is_named_as_such():
     verdict = ch06.check_kv_cache_bytes(default_head_dim)
     not_yet(verdict, "head_dim")
     assert "only the keys" not in verdict.message
+
+
+# =========================================================================== 8.3: chained block keys
+
+def _order_blind(combine):
+    def block_keys(tokens, block_size):
+        keys, parent = [], 0
+        for start in range(0, len(tokens) - block_size + 1, block_size):
+            block = int(hashlib.sha256(str(tokens[start:start + block_size]).encode()).hexdigest(), 16)
+            parent = combine(parent, block)
+            keys.append(parent)
+        return keys
+    return block_keys
+
+
+@pytest.mark.parametrize("combine", [operator.xor, operator.add], ids=["xor", "plus"])
+def test_8_3_order_blind_chaining_is_refused(combine):
+    not_yet(ch08.check_block_keys(_order_blind(combine)), "swapped", "forgets the order")
+    assert ch08.check_block_keys(solutions[8].block_keys).passed

@@ -246,6 +246,12 @@ def check_block_keys(keys_fn) -> str:
                "these prompts differ only in their THIRD block, so its key and every key after it must differ; yours "
                "agree after it. Chain each key to the key just before it (which names the whole prefix), not to the "
                "first key.")
+        swapped = a[block_size:2 * block_size] + a[:block_size] + a[2 * block_size:]  # blocks 0 and 1 swapped
+        turned = _keys(keys_fn, swapped, block_size)
+        expect(all(x != y for x, y in zip(got[1:], turned[1:])),
+               "two prompts whose first two blocks are swapped (the same blocks in another order) got the same key "
+               "from block 1 on: your chaining forgets the order (xor or + of the blocks' hashes does). Hash the "
+               "previous key together with this block's tokens: hash(parent + block).")
         lib_a, lib_b = block_keys(a, block_size), block_keys(moved, block_size)
         expect([x == y for x, y in zip(got, other)] == [x == y for x, y in zip(lib_a, lib_b)],
                "your keys agree where the library's do not.")
