@@ -5,18 +5,25 @@ accepted. test_wrong_answers.py holds the earlier passes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import operator
 
 import numpy as np
 import pytest
 import torch
-from exercise_helpers import load_solutions, not_yet
+from exercise_helpers import ROOT, load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03, ch06, ch08
+from llm_anatomy.exercises import ch01, ch02, ch03, ch06, ch08, ch11
 from llm_anatomy.tokens import bpe
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6, 8)}
+def notebook_cells(name: str) -> list[dict]:
+    """A notebook's cells, each with its source as one string."""
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    return [dict(c, source="".join(c["source"])) for c in cells]
+
+
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6, 8, 11)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -210,3 +217,83 @@ def _order_blind(combine):
 def test_8_3_order_blind_chaining_is_refused(combine):
     not_yet(ch08.check_block_keys(_order_blind(combine)), "swapped", "forgets the order")
     assert ch08.check_block_keys(solutions[8].block_keys).passed
+
+
+# =========================================================================== 11.1, 11.2, 11.3: behind the API
+
+def test_11_1_an_event_ended_by_crlf_pairs_is_accepted():
+    crlf = lambda payload: b"data: " + json.dumps(payload).encode() + b"\r\n\r\n"  # noqa: E731  (the SSE spec allows it)
+    assert ch11.check_sse_event(crlf).passed
+    not_yet(ch11.check_sse_event(lambda payload: b"data: " + json.dumps(payload).encode() + b"\r\n"), "empty line")
+
+
+class _MatcherVariant:
+    """The solution's matcher with one typical mistake switched on."""
+
+    def __init__(self, stops, mistake):
+        self.right, self.mistake, self.stops = solutions[11].Matcher(stops), mistake, list(stops)
+
+    @property
+    def stopped(self):
+        return self.right.stopped
+
+    def feed(self, text):
+        if self.mistake == "stops in list order":  # cuts at the first stop of the list found, not the first in the text
+            if self.right.stopped:
+                return ""
+            held = self.right.pending + text
+            for stop in self.stops:
+                if stop in held:
+                    self.right.stopped, self.right.pending = True, ""
+                    return held[:held.index(stop)]
+        return self.right.feed(text)
+
+    def flush(self):
+        if self.mistake == "flush forgets":
+            self.right.pending = ""
+            return ""
+        return self.right.flush()
+
+
+def test_11_2_flush_that_forgets_the_held_text_is_refused():
+    not_yet(ch11.check_stop_matcher(lambda stops: _MatcherVariant(stops, "flush forgets")), "flush()", "'ST'")
+
+
+def test_11_2_two_stops_in_one_text_cut_at_the_first_in_the_text():
+    not_yet(ch11.check_stop_matcher(lambda stops: _MatcherVariant(stops, "stops in list order")), "two stop strings",
+            "comes first in the text")
+    assert ch11.check_stop_matcher(solutions[11].Matcher).passed
+
+
+def test_11_2_a_second_stop_split_across_pieces_is_looked_for_in_the_held_text():
+    class OnlyFirstStopHeld(solutions[11].Matcher):  # holds back only what could begin the FIRST stop string
+        def feed(self, text):
+            all_stops, self.stops = self.stops, self.stops[:1]
+            try:
+                if any(s in self.pending + text for s in all_stops):
+                    self.stops = all_stops
+                return super().feed(text)
+            finally:
+                self.stops = all_stops
+
+    not_yet(ch11.check_stop_matcher(OnlyFirstStopHeld), "could still become a stop string")
+
+
+@pytest.mark.parametrize("after", [np.int64(1), 4.0], ids=["np.int64", "float"])
+def test_11_3_whole_seconds_of_another_type_are_accepted(after):
+    def answer(waiting, limit, each):
+        queued, seconds = solutions[11].admit_or_refuse(waiting, limit, each)
+        return queued, (type(after)(seconds) if not queued else 0)
+
+    assert ch11.check_admission(answer).passed
+
+
+def test_11_3_no_floor_of_one_second_is_refused_and_the_text_states_the_rule():
+    def no_floor(waiting, limit, each):
+        if limit is None or waiting < limit:
+            return True, 0
+        return False, math.ceil((waiting - limit + 1) * each)
+
+    not_yet(ch11.check_admission(no_floor), "Retry-After 0", "at least 1")
+    text = "".join(c["source"] for c in notebook_cells("11_behind_the_api.ipynb") if "Exercise 11.3" in c["source"])
+    assert "at least 1" in text
