@@ -14,7 +14,7 @@ import pytest
 import torch
 from exercise_helpers import ROOT, load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03, ch06, ch08, ch11
+from llm_anatomy.exercises import ch01, ch02, ch03, ch05, ch06, ch08, ch09, ch11
 from llm_anatomy.tokens import bpe
 
 def notebook_cells(name: str) -> list[dict]:
@@ -23,7 +23,7 @@ def notebook_cells(name: str) -> list[dict]:
     return [dict(c, source="".join(c["source"])) for c in cells]
 
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 6, 8, 11)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 5, 6, 8, 9, 11)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -297,3 +297,43 @@ def test_11_3_no_floor_of_one_second_is_refused_and_the_text_states_the_rule():
     not_yet(ch11.check_admission(no_floor), "Retry-After 0", "at least 1")
     text = "".join(c["source"] for c in notebook_cells("11_behind_the_api.ipynb") if "Exercise 11.3" in c["source"])
     assert "at least 1" in text
+
+
+# =========================================================================== right answers once refused: 5.4, 9.2
+
+def test_5_4_min_p_in_log_space_is_accepted_and_a_strict_threshold_still_refused():
+    in_log_space = lambda logits, m: set(torch.nonzero(logits >= logits.max() + math.log(m)).flatten().tolist())  # noqa: E731
+    assert ch05.check_min_p(in_log_space).passed
+    strict = lambda logits, m: set(torch.nonzero(logits > logits.max() + math.log(m)).flatten().tolist())  # noqa: E731
+    not_yet(ch05.check_min_p(strict), "exactly on the threshold")
+
+
+def _kl_float64(a, b):
+    a, b = a.double().log_softmax(-1), b.double().log_softmax(-1)
+    return float((a.exp() * (a - b)).sum(-1).mean())
+
+
+def _kl_cross_entropy_minus_entropy(a, b):
+    p = a.softmax(-1)
+    return float((-(p * b.log_softmax(-1)).sum(-1) + (p * a.log_softmax(-1)).sum(-1)).mean())
+
+
+def _kl_by_hand(a, b):
+    def log_softmax(x):  # a logsumexp written out, in float32
+        top = x.max(-1, keepdim=True).values
+        return x - (top + (x - top).exp().sum(-1, keepdim=True).log())
+    a, b = log_softmax(a), log_softmax(b)
+    return float((a.exp() * (a - b)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("kl", [_kl_float64, _kl_cross_entropy_minus_entropy, _kl_by_hand],
+                         ids=["float64", "cross-entropy-minus-entropy", "logsumexp-by-hand"])
+def test_9_2_a_right_kl_of_another_precision_or_form_is_accepted(kl):
+    assert ch09.check_int8_per_channel(solutions[9].quantize_int8, kl).passed
+
+
+def test_9_2_the_reverse_kl_and_the_sum_are_still_refused():
+    reverse = lambda a, b: _kl_float64(b, a)  # noqa: E731
+    not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, reverse), "KL(other || ref)")
+    summed = lambda a, b: _kl_float64(a, b) * a.shape[0]  # noqa: E731
+    not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, summed), "not their sum")

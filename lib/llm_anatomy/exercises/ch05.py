@@ -7,6 +7,8 @@ logits the notebook never showed; the loop check runs the learner's loop on a ti
 
 from __future__ import annotations
 
+import math
+
 import sys
 
 import torch
@@ -185,19 +187,29 @@ def check_min_p(keep_min_p) -> str:
     for logits, m in _min_p_cases():
         with _no_sampler("min_p_mask", why="compare the probabilities with the top one yourself"):
             got = returned(call(keep_min_p, logits.clone(), m), "id set", "the kept ids")
-        probs = torch.softmax(logits, dim=-1)
-        want = set(torch.nonzero(probs >= m * probs.max()).flatten().tolist())
+        margin = logits.double().log_softmax(-1)
+        margin = margin - margin.max() - math.log(m)  # log(p / p_max) - log(min_p): kept where >= 0
+        unsure = set(torch.nonzero((margin != 0) & (margin.abs() < 1e-6)).flatten().tolist())  # float's own call
+
+        def same(a: set, b: set) -> bool:  # equal, but for tokens that only float rounding puts on either side
+            return not (a ^ b) - unsure
+
+        want = set(torch.nonzero(margin >= 0).flatten().tolist())
+        if same(got, want):
+            continue
+        probs = torch.softmax(logits.double(), dim=-1)
         where = f"for min_p = {m} on {logits.numel()} logits"
-        strict = set(torch.nonzero(probs > m * probs.max()).flatten().tolist())
-        expect(got != strict or got == want, f"{where} you dropped a token exactly on the threshold: keep the tokens "
-                                             "AT or above min_p x the top probability (>=).")
+        strict = set(torch.nonzero(margin > 0).flatten().tolist())
+        expect(not same(got, strict), f"{where} you dropped a token exactly on the threshold: keep the tokens AT or "
+                                      "above min_p x the top probability (>=).")
         absolute = set(torch.nonzero(probs >= m).flatten().tolist())
-        expect(got != absolute or got == want, f"{where} you kept the tokens with probability >= min_p: min-p scales "
-                                               "the threshold by the most likely token's probability.")
+        expect(not same(got, absolute), f"{where} you kept the tokens with probability >= min_p: min-p scales the "
+                                        "threshold by the most likely token's probability.")
         on_logits = set(torch.nonzero(logits >= m * logits.max()).flatten().tolist())
-        expect(got != on_logits or got == want, f"{where} you compared the logits, not the probabilities: apply a "
-                                                "softmax first (a logit can be negative; a probability cannot).")
-        expect(got == want, f"{where} min-p keeps {len(want)} tokens, you kept {len(got)}.")
+        expect(not same(got, on_logits), f"{where} you compared the logits, not the probabilities: apply a softmax "
+                                         "first (a logit can be negative; a probability cannot), or compare logits "
+                                         "with the top logit + log(min_p).")
+        expect(False, f"{where} min-p keeps {len(want)} tokens, you kept {len(got)}.")
     return "min-p keeps the tokens within a factor of the best one: few when the model is sure, many when it is not."
 
 
