@@ -65,7 +65,7 @@ def test_traffic_mistakes():
             "not logits")
     not_yet(ch10.check_all_reduce_traffic(lambda cfg, b, t, e: (2 * cfg.num_layers + 1, t * cfg.hidden_size * e)),
             "multiply by the batch")
-    not_yet(ch10.check_all_reduce_traffic(lambda cfg, b, t, e: 7), "two numbers")
+    not_yet(ch10.check_all_reduce_traffic(lambda cfg, b, t, e: 7), "two things", "(all-reduces, bytes each)")
 
 
 def test_prediction_mistakes():
@@ -85,7 +85,7 @@ def test_prediction_mistakes():
     not_yet(ch10.check_tp_step_prediction(one_per_layer), "two all-reduces")
     not_yet(ch10.check_tp_step_prediction(shrinking_collectives), "does not shrink")
     not_yet(ch10.check_tp_step_prediction(milliseconds), "Seconds throughout")
-    not_yet(ch10.check_tp_step_prediction(lambda *a: "fast"), "one number")
+    not_yet(ch10.check_tp_step_prediction(lambda *a: "fast"), "as a number")
 
 
 def test_the_split_check_compares_real_outputs():

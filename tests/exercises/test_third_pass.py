@@ -14,7 +14,7 @@ import pytest
 import torch
 from exercise_helpers import ROOT, load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03, ch05, ch06, ch08, ch09, ch11
+from llm_anatomy.exercises import ch01, ch02, ch03, ch05, ch06, ch07, ch08, ch09, ch10, ch11
 from llm_anatomy.tokens import bpe
 
 def notebook_cells(name: str) -> list[dict]:
@@ -23,7 +23,7 @@ def notebook_cells(name: str) -> list[dict]:
     return [dict(c, source="".join(c["source"])) for c in cells]
 
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 5, 6, 8, 9, 11)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 5, 6, 7, 8, 9, 10, 11)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -337,3 +337,77 @@ def test_9_2_the_reverse_kl_and_the_sum_are_still_refused():
     not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, reverse), "KL(other || ref)")
     summed = lambda a, b: _kl_float64(a, b) * a.shape[0]  # noqa: E731
     not_yet(ch09.check_int8_per_channel(solutions[9].quantize_int8, summed), "not their sum")
+
+
+# =========================================================================== messages that blamed the wrong mistake
+
+def test_10_2_a_number_as_text_or_none_is_told_what_to_return():
+    right = solutions[10].traffic
+    verdict = ch10.check_all_reduce_traffic(lambda *a: (str(right(*a)[0]), right(*a)[1]))
+    not_yet(verdict, "whole number", "str '65'")
+    not_yet(ch10.check_all_reduce_traffic(lambda *a: (None, right(*a)[1])), "you gave None")
+    assert "TypeError" not in ch10.check_all_reduce_traffic(lambda *a: None).message
+
+
+def test_7_1_a_count_off_by_a_little_shows_the_difference():
+    def off_by_one_flop(cfg, past, size):  # the right counts, one FLOP too many
+        work = solutions[7].decode_work(cfg, past, size)
+        return work[0] + 1, work[1]
+
+    verdict = ch07.check_decode_work(off_by_one_flop)
+    not_yet(verdict, "(+1,")
+    want, got = verdict.message.split("expected ")[1].split(", got ")[:2]
+    assert want != got.split(" (")[0]  # never "expected 2.603e+09, got 2.603e+09"
+
+
+def _q4_1_bytes(weights, order="dm", endian="<"):
+    w = np.asarray(weights, dtype=np.float32)
+    m, d = float(w.min()), (float(w.max()) - float(w.min())) / 15
+    codes = np.clip(np.round((w - m) / d), 0, 15).astype(np.uint8)
+    first, second = (d, m) if order == "dm" else (m, d)
+    head = np.array([first, second], dtype=f"{endian}f2").view(np.uint8)
+    return np.concatenate([head, codes[:16] | (codes[16:] << 4)])
+
+
+def test_9_1_big_endian_fp16_and_m_before_d_are_named():
+    assert ch09.check_quantize_q4_1_block(_q4_1_bytes).passed
+    not_yet(ch09.check_quantize_q4_1_block(lambda w: _q4_1_bytes(w, endian=">")), "big-endian")
+    not_yet(ch09.check_quantize_q4_1_block(lambda w: _q4_1_bytes(w, order="md")), "m comes before d")
+
+
+def test_2_1_a_missing_dtype_cast_is_named():
+    verdict = ch02.check_one_hot_embed(lambda ids, table: torch.nn.functional.one_hot(ids, table.shape[0]) @ table)
+    not_yet(verdict, "int64", ".to(table.dtype)")
+
+
+def test_2_2_ids_returned_as_a_list_are_ids_and_3_2_a_list_of_tensors_is_told_to_stack():
+    as_list = lambda table, ids, k: solutions[2].neighbours(table, ids, k).tolist()  # noqa: E731
+    assert ch02.check_nearest_neighbours(as_list).passed  # a list of ids is ids, not "cosines"
+    verdict = ch03.check_expand_kv(lambda k, n: [k[h // (n // k.shape[0])] for h in range(n)])
+    not_yet(verdict, "one tensor", "torch.stack")
+
+
+def _cached_loop(stop_rule):
+    """A cached loop (exercise 6.1) whose stop rule is `stop_rule(prompt, made, stop_ids)`."""
+    def generate_with_cache(model, ids, max_new_tokens, stop_ids):
+        prompt, out = ids[0].tolist(), []
+        if stop_rule(prompt, out, stop_ids):
+            return out, "stop"
+        cache = model.new_cache(1, ids.shape[1] + max_new_tokens)
+        logits = model(ids, cache)
+        while True:
+            out.append(int(logits[0, -1].argmax()))
+            if stop_rule(prompt, out, stop_ids):
+                return out, ("stop" if out[-1] in stop_ids else "length")
+            if len(out) == max_new_tokens:
+                return out, "length"
+            logits = model(torch.tensor([[out[-1]]]), cache)
+    return generate_with_cache
+
+
+@pytest.mark.parametrize("rule", ["the whole sequence", "the prompt first"])
+def test_6_1_a_stop_id_in_the_prompt_is_named_whatever_the_loop_returns(rule):
+    look = {"the whole sequence": lambda prompt, out, stops: any(t in stops for t in prompt + out),
+            "the prompt first": lambda prompt, out, stops: any(t in stops for t in prompt)}[rule]
+    not_yet(ch06.check_generate_with_cache(_cached_loop(look)), "the PROMPT holds stop id")
+    assert ch06.check_generate_with_cache(_cached_loop(lambda prompt, out, stops: bool(out) and out[-1] in stops)).passed

@@ -194,10 +194,16 @@ def returned(value, kind: str, what: str = "your answer"):
 
         if isinstance(value, torch.Tensor):
             return value
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            raise NotYet(f"return {what} as one tensor, not a {type(value).__name__} of {len(value)} tensors: "
+                         "torch.stack(...) them, or build it with one operation.")
         try:
             if isinstance(value, (str, bytes, dict, set)):
                 raise TypeError(type(value).__name__)
-            return torch.as_tensor(np.asarray(value, dtype=np.float64) if not isinstance(value, np.ndarray) else value)
+            array = np.asarray(value)  # a list of ints stays ints (ids), of floats floats
+            if array.dtype.kind not in "biuf":
+                raise TypeError(array.dtype)
+            return torch.as_tensor(array.astype(np.float64) if array.dtype.kind == "f" else array)
         except (TypeError, ValueError):
             raise NotYet(f"return {what} as a tensor (or an array of numbers), not {_described(value)}.") from None
     if kind == "text":

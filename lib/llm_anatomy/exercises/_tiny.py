@@ -52,7 +52,7 @@ def stop_cases(model, seed: int, shapes):
 def stopped_on_the_prompt(ids, got: list[int], reason, want: list[int], stop_ids) -> str | None:
     """The message for a loop that stopped because the PROMPT holds a stop id (None when that is not what happened)."""
     prompt_stops = sorted(set(ids[0].tolist()) & set(stop_ids))
-    if (reason == "stop" and prompt_stops and len(got) < len(want) and got != want[:-1]
+    if ((reason == "stop" or got) and prompt_stops and len(got) < len(want) and got != want[:-1]
             and (not got or got[-1] not in stop_ids)):
         return (f"you stopped after {len(got)} token(s), none of them a stop id: the PROMPT holds stop id "
                 f"{prompt_stops[0]} (every chat prompt holds <|im_end|>). Check only the token you just made.")

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from ..model import rope as rope_module
-from . import NotYet, call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: notebook)
+from . import NotYet, _LearnerFailed, call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: notebook)
 
 
 def _table(seed: int = 0, vocab: int = 11, hidden: int = 6) -> torch.Tensor:
@@ -51,7 +51,15 @@ def check_one_hot_embed(embed) -> str:
     for table, ids in [(_table(), torch.tensor([3, 0, 7, 3])), (_table(1, 13, 5).double(), torch.tensor([[12, 1, 1],
                                                                                                          [0, 4, 9]]))]:
         guarded = table.clone().as_subclass(_UnindexableTable)
-        out = returned(call(embed, ids.clone(), guarded), "tensor", "the embeddings").as_subclass(torch.Tensor)
+        try:
+            out = call(embed, ids.clone(), guarded)
+        except _LearnerFailed as failed:  # the typical one: int64 one-hot rows times a float table
+            err = failed.args[0]
+            expect(not (isinstance(err, RuntimeError) and any(w in str(err) for w in ("dtype", "scalar type"))),
+                   f"your product mixes two dtypes ({err}): one_hot makes int64 rows; convert them to the table's "
+                   "dtype, .to(table.dtype), before multiplying.")
+            raise
+        out = returned(out, "tensor", "the embeddings").as_subclass(torch.Tensor)
         want = tuple(ids.shape) + (table.shape[1],)
         expect(tuple(out.shape) == want, f"for ids of shape {tuple(ids.shape)} and a {list(table.shape)} table the "
                                          f"result is {list(want)} (one row per id), not {list(out.shape)}: "

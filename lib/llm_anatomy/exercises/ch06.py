@@ -148,6 +148,8 @@ def check_generate_with_cache(generate_with_cache) -> str:
             out = ([], why)  # it fed whole sequences into the cache until it overflowed: the checks below say so
         out = returned(out, "pair", "(the new ids, the reason)")
         got, reason = returned(out[0], "ids", "the new ids"), out[1]
+        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
+        expect(on_prompt is None, on_prompt or "")
         expect(rec.fed, "your loop never called the model: logits = model(ids, cache).")
         expect(any(c is not None for c in rec.caches),
                "you passed no cache: make one with model.new_cache(1, max_len) and pass it to every call.")
@@ -162,8 +164,6 @@ def check_generate_with_cache(generate_with_cache) -> str:
         longer = [shape for shape in rec.fed[1:] if shape[1] != 1]
         expect(not longer, "after the prefill, feed only the newest token, shape [1, 1]; you fed "
                            f"{list(longer[0]) if longer else ''}: the cache already holds every earlier position.")
-        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
-        expect(on_prompt is None, on_prompt or "")
         if why == "stop":
             expect(len(got) <= len(want) or got[:len(want)] != want,
                    f"you went on after the stop token {stop}: stop as soon as you have made one of stop_ids.")

@@ -38,6 +38,11 @@ def _close(a: float, b: float, rel: float = 1e-9) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
+def _counted(want: float, got: float, unit: str) -> str:
+    """Both counts in full, and how far apart: at 4 digits an off-by-a-little count reads as the right one."""
+    return f"{want:,.0f} {unit}, got {got:,.0f} ({got - want:+,.0f}, {got / want - 1:+.2e} of it)"
+
+
 @exercise
 @hints("Go through the table above: each matmul does 2 FLOPs per weight per token and reads each weight once.",
        "Add the LM head (vocab x hidden, one position), attention's two matmuls over the past + 1 positions "
@@ -71,7 +76,7 @@ def check_decode_work(decode_work) -> str:
                                    (2 * block + 2 * head, "you left out attention's own FLOPs: q.k and weights.v over "
                                                           "every cached position and the new one.")):
                     expect(not _close(flops, wrong), f"{where}: {why}")
-                expect(False, f"{where}: expected {want.flops:.4g} FLOPs, got {flops:.4g}.")
+                expect(False, f"{where}: expected {_counted(want.flops, flops, 'FLOPs')}.")
             if not _close(moved, want.bytes):
                 weights = (block + head) * size
                 for wrong, why in ((weights + kv * past / n, "the step reads the K and V of the past positions and "
@@ -85,7 +90,7 @@ def check_decode_work(decode_work) -> str:
                                                                 "count vocab x hidden once, for the LM head."),
                                    (block * size + kv, "the LM head's weights are read too.")):
                     expect(not _close(moved, wrong), f"{where}: {why}")
-                expect(False, f"{where}: expected {want.bytes:.4g} bytes, got {moved:.4g}.")
+                expect(False, f"{where}: expected {_counted(want.bytes, moved, 'bytes')}.")
     return "the weights dominate both counts at short contexts: about 2 FLOPs per weight read, whatever the model."
 
 

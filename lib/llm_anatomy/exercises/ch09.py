@@ -61,6 +61,15 @@ def check_quantize_q4_1_block(quantize_block) -> str:
         tolerance = d32 / 2 + 15 * abs(d32 - float(np.float16(d32))) + abs(lo - float(np.float16(lo))) + 1e-7
         error = float(np.abs(back - w).max())
         if error > tolerance:
+            def near(a: float, b: float) -> bool:
+                return abs(a - b) <= 1e-3 * abs(b) + 1e-7
+
+            big = [float(raw[i:i + 2][::-1].copy().view(np.float16)[0]) for i in (0, 2)]  # each fp16 read big-endian
+            expect(not (near(big[0], d32) and near(big[1], lo)), "d and m are written big-endian (high byte first): "
+                   "GGUF stores little-endian numbers. np.float16(d).reshape(1).view(np.uint8) on an x86 or ARM "
+                   "machine, or np.array([d], dtype='<f2').view(np.uint8), gives the right two bytes.")
+            expect(not (near(d16, lo) and near(m16, d32)) or near(d32, lo), "m comes before d in your block: a Q4_1 "
+                   "block starts with d (the step), then m (the minimum), each an fp16, then the 16 bytes of codes.")
             codes = np.concatenate([raw[4:] & 0x0F, raw[4:] >> 4])
             interleaved = np.empty(32, dtype=np.uint8)
             interleaved[0::2], interleaved[1::2] = codes[:16], codes[16:]  # what was meant, if packed as 2j, 2j + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import call, exercise, expect, forbidden, hint, hints  # noqa: F401  (hint: for the notebook)
+from . import call, exercise, expect, forbidden, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 
 
 def _integer_layer(out_features: int, in_features: int, seed: int):
@@ -86,9 +86,9 @@ def check_all_reduce_traffic(traffic) -> str:
               "SmolLM2-360M": ScratchConfig(49152, 960, 2560, 32, 15, 5, 64, 1e5, 1e-5, 8192),
               "Qwen2.5-0.5B": ScratchConfig(151936, 896, 4864, 24, 14, 2, 64, 1e6, 1e-6, 32768)}
     for (name, cfg), (batch, tokens, size) in zip(models.items(), ((1, 1, 2), (8, 1, 2), (2, 512, 4))):
-        out = call(traffic, cfg, batch, tokens, size)
-        expect(isinstance(out, (tuple, list)) and len(out) == 2, "return two numbers: (all-reduces, bytes each).")
-        count, each = out
+        count, each = returned(call(traffic, cfg, batch, tokens, size), "pair", "(all-reduces, bytes each)")
+        count = returned(count, "whole", "the number of all-reduces")  # "65" or None: say what to return
+        each = returned(each, "whole", "the bytes of each all-reduce")
         calls = [(op, b) for op, _, b in tp_step_collectives(cfg, 2, batch, tokens, size) if op == "all_reduce"]
         want_count, want_bytes = len(calls), calls[0][1]
         layers, hidden = cfg.num_layers, cfg.hidden_size
@@ -120,8 +120,7 @@ def check_tp_step_prediction(predict) -> str:
              "3 CPU ranks on gloo": (0.09, 3, 30, 1e-3, 5e8, 2304),
              "2 GPUs over PCIe, a big batch": (0.03, 2, 32, 2e-5, 25e9, 4_194_304)}
     for name, (compute, tp, layers, latency, bandwidth, message) in cases.items():
-        got = call(predict, compute, tp, layers, latency, bandwidth, message)
-        expect(isinstance(got, (int, float)) and not isinstance(got, bool), "return one number of seconds.")
+        got = returned(call(predict, compute, tp, layers, latency, bandwidth, message), "number", "the step's seconds")
         want = predict_tp_step(compute, tp, [("all_reduce", "", message)] * (2 * layers), Link(latency, bandwidth))
         comm = 2 * layers * (latency + message / bandwidth)
         expect(abs(got - (compute + comm)) > 1e-9 * want["total_s"],
