@@ -125,6 +125,8 @@ def check_users_that_fit(answer) -> str:
 
 # ---------------------------------------------------------------------------------------------- the cached loop
 
+_OVERFLOWED = object()  # what the learner's loop "returned" when it overflowed the cache
+
 @exercise
 @hints("Start from your loop of exercise 5.3 and the cached loop above: the stop rule stays, the model calls change.",
        "Make ONE cache before the loop, big enough for the prompt and max_new_tokens; the first call feeds the whole "
@@ -145,10 +147,11 @@ def check_generate_with_cache(generate_with_cache) -> str:
         except Exception:
             if not any(shape[1] > 1 for shape in rec.fed[1:]):
                 raise
-            out = ([], why)  # it fed whole sequences into the cache until it overflowed: the checks below say so
+            out = _OVERFLOWED  # it fed whole sequences into the cache until it overflowed: the checks below say so
+        overflowed, out = out is _OVERFLOWED, ([], why) if out is _OVERFLOWED else out
         out = returned(out, "pair", "(the new ids, the reason)")
         got, reason = returned(out[0], "ids", "the new ids"), out[1]
-        on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
+        on_prompt = None if overflowed else stopped_on_the_prompt(ids, got, reason, want, stop_ids)
         expect(on_prompt is None, on_prompt or "")
         expect(rec.fed, "your loop never called the model: logits = model(ids, cache).")
         expect(any(c is not None for c in rec.caches),
