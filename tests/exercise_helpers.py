@@ -26,3 +26,15 @@ def not_yet(verdict, *words):
 def unattempted(*args, **kwargs):
     """A learner's function that has not been written yet."""
     raise NotImplementedError
+
+
+def as_learner_code(function):
+    """`function` (a check's own reference, computing a typical mistake) as if a notebook cell had defined it: the
+    guard refuses the checks' own helpers to the learner's code, which a wrong answer built from them would be."""
+    import types
+
+    code = function.__code__.replace(co_filename="<notebook cell>")
+    copy = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy

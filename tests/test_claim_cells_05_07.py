@@ -133,24 +133,28 @@ def course07(tiny_model):
                 kv_cache_bytes=kv_cache_bytes)
 
 
-def test_07_c12_holds_on_the_prompt_lengths_timed_in_turns(course07, monkeypatch):
-    from llm_anatomy.measure import timing
+def _timings_growing_with(seconds_per_token: float, seen: list, base_s: float = 0.0):
+    """A stand-in for time_generations whose prefill takes base_s + seconds_per_token per prompt token (decode 1 ms):
+    on the tiny model the real prefills of 4 and 40 tokens differ by less than a busy machine's noise."""
+    from llm_anatomy.measure.timing import GenerationTiming
 
+    def timed(model, prompts, new_tokens, warmup, repeats):
+        seen.append(sorted(prompts))
+        prefill = {n: base_s + seconds_per_token * n for n in prompts}
+        return {n: GenerationTiming(ids.shape[1], new_tokens, 1, prefill[n], 0.001,
+                                    [prefill[n]] + [0.001] * (new_tokens - 1), [prefill[n]] * repeats)
+                for n, ids in prompts.items()}
+    return timed
+
+
+def test_07_c12_holds_on_the_prompt_lengths_timed_in_turns(course07):
     seen = []
-    real = timing.time_generations
-    monkeypatch.setattr(timing, "time_generations", lambda *a, **k: seen.append(sorted(a[1])) or real(*a, **k))
-    course07["time_generations"] = timing.time_generations
+    course07["time_generations"] = _timings_growing_with(1e-4, seen)
     namespace = run_cells(cell_source(*C12_07), namespace=course07)
     assert seen == [[4, 40]] and set(namespace["timings"]) == {4, 40}  # every length in one interleaved timing
 
 
 def test_07_c12_fails_when_the_long_prompt_is_no_slower(course07):
-    from llm_anatomy.measure.timing import GenerationTiming
-
-    def inverted(model, prompts, new_tokens, warmup, repeats):  # the long prompt's prefill as fast as the short one's
-        return {n: GenerationTiming(ids.shape[1], new_tokens, 1, 0.01, 0.001, [0.01] + [0.001] * (new_tokens - 1),
-                                    [0.01] * repeats) for n, ids in prompts.items()}
-
-    course07["time_generations"] = inverted
+    course07["time_generations"] = _timings_growing_with(0.0, [], base_s=0.01)  # 10 ms whatever the length
     with pytest.raises(ClaimFailed, match="C12 NOT shown"):
         run_cells(cell_source(*C12_07), namespace=course07)

@@ -104,6 +104,8 @@ def test_a_burned_core_is_seen_and_this_process_is_not():
     own = dev.busy_cores(0.3)
     spinner.join()
     assert own < quiet + 0.5, f"this process's own thread counted as busy: {own:.2f} against {quiet:.2f} quiet"
+    if quiet > dev.usable_cores() - 1.25:  # another program holds the cores already: none left to burn and see
+        pytest.skip(f"{quiet:.2f} of {dev.usable_cores()} cores were busy before the burner started")
     with busy_check.burning(1, seconds=30):
         time.sleep(0.3)  # the spawned burner starts spinning
         burned = dev.busy_cores(0.3)

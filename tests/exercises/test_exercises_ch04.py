@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exercise_helpers import load_solutions, not_yet, unattempted
+from exercise_helpers import as_learner_code, load_solutions, not_yet, unattempted
 
 from llm_anatomy.exercises import ch04
 from llm_anatomy.exercises.ch04_block import block_variant, random_block
@@ -163,7 +163,7 @@ def test_the_block_solution_passes_on_random_blocks_and_on_a_real_one(real):
 
 
 def _variant(**change):
-    return lambda block, x, cos, sin: block_variant(block, x, cos, sin, **change)
+    return lambda block, x, cos, sin: as_learner_code(block_variant)(block, x, cos, sin, **change)
 
 
 def test_block_mistakes_get_specific_messages():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from exercise_helpers import ROOT, load_solutions, not_yet
 
-from llm_anatomy.exercises import ch01, ch02, ch03, ch05, ch06, ch07, ch08, ch09, ch10, ch11
+from llm_anatomy.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11
 from llm_anatomy.tokens import bpe
 
 def notebook_cells(name: str) -> list[dict]:
@@ -23,7 +23,7 @@ def notebook_cells(name: str) -> list[dict]:
     return [dict(c, source="".join(c["source"])) for c in cells]
 
 
-solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 5, 6, 7, 8, 9, 10, 11)}
+solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)}
 
 
 # =========================================================================== 1.1a, 1.1b, 1.1: BPE by hand
@@ -411,3 +411,123 @@ def test_6_1_a_stop_id_in_the_prompt_is_named_whatever_the_loop_returns(rule):
             "the prompt first": lambda prompt, out, stops: any(t in stops for t in prompt)}[rule]
     not_yet(ch06.check_generate_with_cache(_cached_loop(look)), "the PROMPT holds stop id")
     assert ch06.check_generate_with_cache(_cached_loop(lambda prompt, out, stops: bool(out) and out[-1] in stops)).passed
+
+
+# =========================================================================== the guard: no way round it
+
+def _rope_by_mistral(x, positions, theta):
+    from transformers.models.mistral.modeling_mistral import apply_rotary_pos_emb
+
+    d = x.shape[-1]
+    freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions[:, None].double() * freqs
+    cos, sin = (torch.cat([f(angles)] * 2, dim=-1) for f in (torch.cos, torch.sin))
+    out, _ = apply_rotary_pos_emb(x.double()[None, None], x.double()[None, None], cos[None], sin[None])
+    return out[0, 0].to(x.dtype)
+
+
+def _rms_norm_by_qwen(x, weight, eps):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    norm = Qwen2RMSNorm(x.shape[-1], eps)
+    norm.weight.data = weight.clone()
+    return norm(x)
+
+
+def _swiglu_by_qwen(x, gate_w, up_w, down_w):
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    mlp = Qwen2MLP(Qwen2Config(hidden_size=x.shape[-1], intermediate_size=gate_w.shape[0]))
+    for layer, w in ((mlp.gate_proj, gate_w), (mlp.up_proj, up_w), (mlp.down_proj, down_w)):
+        layer.weight.data = w.clone()
+    return mlp(x)
+
+
+def _expand_by_qwen(k, n_heads):
+    from transformers.models.qwen2.modeling_qwen2 import repeat_kv
+
+    return repeat_kv(k[None], n_heads // k.shape[0])[0]
+
+
+def test_transformers_copies_of_a_refused_function_in_other_families_are_refused():
+    not_yet(ch02.check_rope(_rope_by_mistral), "don't call", "apply_rotary_pos_emb", "any model family")
+    not_yet(ch04.check_rms_norm(_rms_norm_by_qwen), "don't call", "Qwen2RMSNorm.forward")
+    not_yet(ch04.check_swiglu(_swiglu_by_qwen), "don't call", "Qwen2MLP.forward")
+    not_yet(ch03.check_expand_kv(_expand_by_qwen), "don't call", "repeat_kv")
+
+
+def test_aten_overloads_of_a_refused_op_are_refused():
+    sdpa = lambda q, k, v: torch.ops.aten.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]  # noqa: E731
+    not_yet(ch03.check_one_head(sdpa), "don't call", "scaled_dot_product_attention")
+    default = lambda q, k, v: torch.ops.aten.scaled_dot_product_attention.default(q[None], k[None], v[None],  # noqa: E731
+                                                                                   is_causal=True)[0]
+    not_yet(ch03.check_one_head(default), "don't call", "scaled_dot_product_attention")
+    rms = lambda x, w, eps: torch.ops.aten.rms_norm(x, [x.shape[-1]], w, eps)  # noqa: E731
+    not_yet(ch04.check_rms_norm(rms), "don't call", "rms_norm")
+    loss = lambda logits, ids: torch.ops.aten.cross_entropy_loss(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())  # noqa: E731
+    not_yet(ch04.check_next_token_loss(loss), "don't call", "cross_entropy_loss")
+
+
+def test_the_checks_own_references_are_refused_to_the_learner():
+    from llm_anatomy.exercises.ch04_block import block_variant
+
+    not_yet(ch03.check_one_head(lambda q, k, v: ch03._head(q, k, v).float()), "the check's own ch03._head")
+    not_yet(ch04.check_block(lambda block, x, cos, sin: block_variant(block, x, cos, sin)),
+            "the check's own ch04_block.block_variant")
+
+
+def test_the_other_shortcuts_the_learner_found_are_refused():
+    def by_torch_mha(q, k, v):
+        n = q.shape[0]
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        out, _ = torch.nn.functional.multi_head_attention_forward(
+            q[:, None], k[:, None], v[:, None], q.shape[-1], 1, None, None, None, None, False, 0.0,
+            torch.eye(q.shape[-1]), None, use_separate_proj_weight=True, q_proj_weight=torch.eye(q.shape[-1]),
+            k_proj_weight=torch.eye(q.shape[-1]), v_proj_weight=torch.eye(q.shape[-1]), attn_mask=mask)
+        return out[:, 0]
+
+    not_yet(ch03.check_one_head(by_torch_mha), "don't call", "multi_head_attention_forward")
+
+    def by_the_warper(logits, m):
+        from transformers.generation.logits_process import MinPLogitsWarper
+
+        kept = MinPLogitsWarper(m)(None, logits[None].clone())[0]
+        return set(torch.nonzero(kept > -float("inf")).flatten().tolist())
+
+    not_yet(ch05.check_min_p(by_the_warper), "don't call", "MinPLogitsWarper")
+
+    def by_categorical(logits, ids):
+        dist = torch.distributions.Categorical(logits=logits[:, :-1])
+        return -dist.log_prob(ids[:, 1:]).mean()
+
+    not_yet(ch04.check_next_token_loss(by_categorical), "don't call", "log_prob")
+
+
+def test_the_recorder_does_not_hand_the_learner_the_real_model():
+    from llm_anatomy.exercises._tiny import Recorder, tiny_model
+
+    rec = Recorder(tiny_model())
+    assert not hasattr(rec, "model") and not hasattr(rec, "__dict__")
+    with pytest.raises(AttributeError):
+        rec.model = None
+
+    def round_the_recorder(model, ids, max_new_tokens, stop_ids):  # the library's loop on the model behind it
+        from llm_anatomy.generate.decode import generate_greedy
+
+        inner = getattr(model, "model", model)
+        return generate_greedy(inner, ids, max_new_tokens).tokens[0].tolist(), "length"
+
+    assert not ch06.check_generate_with_cache(round_the_recorder).passed
+
+
+def test_switching_the_guards_profile_hook_off_is_refused():
+    import sys
+
+    def blind(q, k, v):
+        sys.setprofile(None)  # the watch of Python calls gone: the fused kernel would pass unseen
+        return solutions[3].attend(q, k, v)
+
+    not_yet(ch03.check_one_head(blind), "switched off the check's watch")
+    assert sys.getprofile() is None or "exercises" not in getattr(sys.getprofile(), "__module__", "")
+    assert ch03.check_one_head(solutions[3].attend).passed

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from exercise_helpers import load_solutions, not_yet
+from exercise_helpers import as_learner_code, load_solutions, not_yet
 
 from llm_anatomy.exercises import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09
 from llm_anatomy.model.kv_cache import KVCache
@@ -480,7 +480,7 @@ def test_6_1_no_cache_on_the_decode_steps_is_named():
 ])
 def test_3_1_each_mistake_is_named(change, words):
     def attend(q, k, v):
-        return ch03._head(q, k, v, **change).float()
+        return as_learner_code(ch03._head)(q, k, v, **change).float()
 
     verdict = ch03.check_one_head(attend)
     not_yet(verdict, *words)

@@ -6,18 +6,36 @@ While a guard is open, a call of a refused object raises NotYet, whichever name 
    alias or a subclass that inherits the method is caught too), a C function by identity, a C method by its
    class and name whatever the instance (`x.softmax(-1)`);
 3. for torch targets, a TorchFunctionMode sees them even when C code calls them (`functools.partial`, `map`).
+A refused torch function is refused under its ATen names too (torch.ops.aten.scaled_dot_product_attention,
+torch._C._nn.cross_entropy_loss); a refused transformers function or class method is refused in every model family
+(Mistral's, Qwen's apply_rotary_pos_emb as Llama's: transformers copies them file to file); the checks' own
+module-level helpers (their references) are refused to the learner's code; and a guard whose profile hook the
+learner's code removed (sys.setprofile(None)) refuses at its end.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import types
+from pathlib import Path
 
 from . import NotYet
 
 _MISSING = object()
+_ATEN = {  # a torch function -> the ATen ops (and C functions of the same names) that compute the same thing
+    "scaled_dot_product_attention": {"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                                     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
+                                     "_scaled_dot_product_fused_attention_overrideable"},
+    "rms_norm": {"rms_norm", "_fused_rms_norm"},
+    "cross_entropy": {"cross_entropy_loss"},
+    "multi_head_attention_forward": {"_native_multi_head_attention"},
+}
+_TRANSFORMERS_MODELS = f"{os.sep}transformers{os.sep}models{os.sep}"
+_CHECKS = {str(p) for p in Path(__file__).parent.glob("ch*.py")} | {str(Path(__file__).with_name("_tiny.py"))}
 _watching: list["forbidden_all"] = []  # the guards now open, innermost last
 _previous_profile = None
 
@@ -67,8 +85,11 @@ class forbidden_all:
     are refused (those targets are watched, not replaced).
     """
 
-    def __init__(self, targets, why: str, *, when=None):
+    def __init__(self, targets, why: str, *, when=None, transformers=()):
         self.why, self.when, self.tried = why, when, None
+        self.aten: set[str] = set()  # ATen op names refused with the torch functions that compute them
+        # transformers' functions ("repeat_kv") and methods by class suffix ("RMSNorm.forward"), in every family
+        self.families: set[str] = set(transformers)
         self.codes: dict = {}  # code object -> label
         self.objects: dict[int, str] = {}  # id of a C function, C method descriptor or Python function -> label
         self.methods: dict[str, list] = {}  # C method name -> [(class, label)]
@@ -82,16 +103,30 @@ class forbidden_all:
                     continue
                 raw = inspect.getattr_static(owner, name)  # a check that names a missing target is a bug: raise
                 label = f"{_owner_label(owner)}.{name}"
+                self._in_every_family(owner, name)
                 self._watch(raw, label)
                 if when is None and not isinstance(raw, type):
                     self.patches.append((owner, name, vars(owner).get(name, _MISSING), label))
             else:
                 self._watch(target, _label(target))
 
+    def _in_every_family(self, owner, name: str) -> None:
+        """A transformers target is refused in every model family: `repeat_kv`, or `RMSNorm.forward` for a class."""
+        module = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", "")
+        if not module.startswith("transformers.models."):
+            return
+        if isinstance(owner, types.ModuleType):
+            self.families.add(name)
+        else:
+            family = module.split(".")[2].replace("_", "")  # "llama": LlamaRMSNorm -> RMSNorm
+            suffix = owner.__name__[len(family):] if owner.__name__.lower().startswith(family) else owner.__name__
+            self.families.add(f"{suffix}.{name}")
+
     def _watch(self, obj, label: str) -> None:
         self.keep.append(obj)
         module = getattr(getattr(obj, "__objclass__", obj), "__module__", "") or ""
         self.torch |= module.split(".")[0] == "torch"
+        self.aten |= _ATEN.get(getattr(obj, "__name__", ""), set()) if module.split(".")[0] == "torch" else set()
         if isinstance(obj, type):  # a class: every method it defines
             for name, member in vars(obj).items():
                 if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)):
@@ -119,11 +154,30 @@ class forbidden_all:
         return self.when is None or bool(self.when(arguments))
 
     def on_python_call(self, frame) -> None:
-        label = self.codes.get(frame.f_code)
+        code = frame.f_code
+        label = self.codes.get(code)
         if label is not None and self._refuses_call(dict(frame.f_locals)):
             self.refuse(label)
+        known = _kinds.get(id(code))
+        if known is None or known[0] is not code:  # by identity: equal code objects may live in other files
+            known = _kinds[id(code)] = (code, _kind(code))
+        kind = known[1]
+        if kind == "op" and self.aten:  # torch.ops.aten.<op>(...) or its .default overload
+            op = getattr(frame.f_locals.get("self"), "_name", "") or ""
+            if op.split("::")[-1].split(".")[0] in self.aten:
+                self.refuse(f"torch.ops.{op.replace('::', '.')}")
+        elif kind == "transformers" and self.families:
+            owner = type(frame.f_locals.get("self", None)).__name__
+            for family in self.families:
+                suffix, _, method = family.rpartition(".")
+                if code.co_name == method and (not suffix or owner.endswith(suffix)):
+                    self.refuse(f"transformers' {owner + '.' if suffix else ''}{code.co_name} (in any model family)")
+        elif kind == "check" and self.when is None:
+            self.refuse(f"the check's own {Path(code.co_filename).stem}.{code.co_name}")
 
     def on_c_call(self, function) -> None:
+        if self.aten and getattr(function, "__name__", None) in self.aten:
+            self.refuse(f"torch's {function.__name__}")
         label = self.objects.get(id(function))
         if label is None and self.methods:
             for cls, method_label in self.methods.get(getattr(function, "__name__", None), ()):
@@ -133,6 +187,8 @@ class forbidden_all:
             self.refuse(label)
 
     def on_torch_function(self, func) -> None:
+        if self.aten and getattr(func, "__name__", None) in self.aten:
+            self.refuse(f"torch's {func.__name__}")
         label = self.objects.get(id(func))
         if label is not None and self.when is None:
             self.refuse(label)
@@ -164,6 +220,7 @@ class forbidden_all:
         return refused
 
     def __exit__(self, exc_type, exc, tb):
+        hooked = sys.getprofile() is _on_profile_event
         _watching.remove(self)
         sys.setprofile(_on_profile_event if _watching else _previous_profile)
         if self.torch:
@@ -175,6 +232,9 @@ class forbidden_all:
                 setattr(owner, name, raw)
         if self.tried and not isinstance(exc, NotYet):  # the learner's code swallowed or replaced the refusal
             raise NotYet(f"don't call {self.tried} here: {self.why}") from None
+        if not hooked and not isinstance(exc, NotYet):
+            raise NotYet("your code switched off the check's watch (sys.setprofile): leave the profiler as it is, "
+                         f"and {self.why}.") from None
         return False
 
 
@@ -190,6 +250,22 @@ def _on_profile_event(frame, event, arg):
     elif event == "c_call":
         for guard in _watching:
             guard.on_c_call(arg)
+
+
+_kinds: dict = {}  # id(code) -> (code, what the guard looks for in its calls), worked out once per code object
+
+
+def _kind(code) -> str:
+    """"op" for torch.ops' call paths, "transformers" for a model file of transformers, "check" for a check's own
+    module-level helper (not a context manager's generator, which resumes inside the guard it opened), else ""."""
+    ops = sys.modules.get("torch._ops")
+    if ops is not None and code in (ops.OpOverloadPacket.__call__.__code__, ops.OpOverload.__call__.__code__):
+        return "op"
+    if _TRANSFORMERS_MODELS in code.co_filename:
+        return "transformers"
+    if code.co_filename in _CHECKS and "." not in code.co_qualname and not code.co_flags & inspect.CO_GENERATOR:
+        return "check"
+    return ""
 
 
 def _torch_watch(guard: forbidden_all):

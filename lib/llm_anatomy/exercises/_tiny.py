@@ -63,22 +63,21 @@ class Recorder:
     """The model as the learner's loop sees it: model(ids, cache=None) gives logits `[batch, seq, vocab]`.
 
     It records the shape fed and the cache passed at each call; a library loop (which calls model.trace) is refused.
+    The model itself is held in a closure, not an attribute: the learner's loop cannot reach round the recording.
     """
 
+    __slots__ = ("fed", "caches", "_forward", "new_cache", "cfg")
+
     def __init__(self, model):
-        self.model, self.fed, self.caches = model, [], []
+        self.fed, self.caches = [], []
+        self._forward = lambda ids, cache: model(ids, cache)
+        self.new_cache = lambda *args, **kwargs: model.new_cache(*args, **kwargs)
+        self.cfg = model.cfg
 
     def __call__(self, ids, cache=None):
         self.fed.append(tuple(ids.shape))
         self.caches.append(cache)
-        return self.model(ids, cache)
-
-    def new_cache(self, *args, **kwargs):
-        return self.model.new_cache(*args, **kwargs)
-
-    @property
-    def cfg(self):
-        return self.model.cfg
+        return self._forward(ids, cache)
 
     def trace(self, *args, **kwargs):
         expect(False, "call the model itself, logits = model(ids, ...), not a library loop: the loop is the exercise.")

@@ -204,7 +204,8 @@ def _no_library_rope() -> forbidden_all:
     names = ("apply_rope", "rotate_half", "rope_cos_sin", "rotate_2d", "rope_angles", "rope_frequencies")
     return forbidden_all([(rope_module, name) for name in names]
                          + [(llama, "apply_rotary_pos_emb"), (llama, "rotate_half")],
-                         "turn each pair yourself: (x cos a - y sin a, x sin a + y cos a)")
+                         "turn each pair yourself: (x cos a - y sin a, x sin a + y cos a)",
+                         transformers=("apply_rotary_pos_emb", "rotate_half"))
 
 
 @exercise

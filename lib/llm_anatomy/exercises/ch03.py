@@ -64,10 +64,12 @@ def check_one_head(attend) -> str:
     expect(callable(attend), "define a function attend(q, k, v).")
     g = torch.Generator().manual_seed(0)
     refused = [(torch.nn.functional, "scaled_dot_product_attention"), (attention_module, "attention"),
-               (attention_module, "attention_probabilities")]
+               (attention_module, "attention_probabilities"), (torch.nn.functional, "multi_head_attention_forward"),
+               torch.nn.MultiheadAttention]
     for seq, d in [(5, 8), (7, 16)]:
         q, k, v = (2 * torch.randn(seq, d, generator=g) for _ in range(3))
-        with forbidden_all(refused, "write the scores, the mask and the softmax yourself"):
+        with forbidden_all(refused, "write the scores, the mask and the softmax yourself",
+                           transformers=("eager_attention_forward",)):
             out = returned(call(attend, q.clone(), k.clone(), v.clone()), "tensor", "the head's output")
         expect(tuple(out.shape) == (seq, d), f"return one output vector per query: a [seq, head_dim] tensor, here "
                                              f"[{seq}, {d}], not {list(out.shape)}.")
@@ -99,7 +101,7 @@ def check_expand_kv(expand_kv) -> str:
     refused = [(attention_module, "repeat_kv"), (attention_module, "kv_head_of"), (llama, "repeat_kv")]
     for heads, kv_heads in [(9, 3), (8, 2), (4, 1), (6, 6)]:
         k = torch.randn(kv_heads, 5, 4, generator=g)  # [kv_heads, seq, head_dim]
-        with forbidden_all(refused, "share the heads yourself"):
+        with forbidden_all(refused, "share the heads yourself", transformers=("repeat_kv",)):
             out = returned(call(expand_kv, k.clone(), heads), "tensor", "the expanded K")
         expect(tuple(out.shape) == (heads, 5, 4),
                f"with {kv_heads} K/V heads and {heads} query heads, return [{heads}, seq, head_dim] (one K head per "

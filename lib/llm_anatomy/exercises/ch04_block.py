@@ -100,7 +100,8 @@ def _refused():
             attention_module.attention_probabilities, attention_module.sdpa_attention,
             (torch.nn.functional, "scaled_dot_product_attention"),
             (getattr(llama, "LlamaAttention", None), "forward"), (getattr(llama, "LlamaDecoderLayer", None), "forward"),
-            (llama, "eager_attention_forward")]
+            (llama, "eager_attention_forward"), (torch.nn.functional, "multi_head_attention_forward"),
+            torch.nn.MultiheadAttention]
 
 
 def _cases(model=None):
@@ -133,7 +134,8 @@ def check_block(block_forward, model=None) -> str:
         with torch.no_grad():
             right = block(x, cos, sin)[0]
             try:
-                with forbidden_all(_refused(), SHORTCUT):
+                with forbidden_all(_refused(), SHORTCUT, transformers=("Attention.forward", "DecoderLayer.forward",
+                                                            "eager_attention_forward")):
                     out = call(block_forward, block, x.clone(), cos.clone(), sin.clone())
             except _LearnerFailed as failed:
                 err = failed.args[0]

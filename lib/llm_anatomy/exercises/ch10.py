@@ -41,8 +41,8 @@ def check_column_and_row_split(column_split, row_split) -> str:
         partial_sums = []
         for rank in range(tp):
             with forbidden(tensor_parallel, "shard", why):
-                column = _share(call(column_split, weight.clone(), rank, tp), "column_split")
-                row = _share(call(row_split, weight.clone(), rank, tp), "row_split")
+                column, row = call(column_split, weight.clone(), rank, tp), call(row_split, weight.clone(), rank, tp)
+            column, row = _share(column, "column_split"), _share(row, "row_split")
             k, j = out_f // tp, in_f // tp
             expect(tuple(column.shape) != (out_f, in_f) and tuple(row.shape) != (out_f, in_f),
                    "you returned the whole weight: each rank keeps 1/tp of it.")
