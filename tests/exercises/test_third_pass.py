@@ -531,3 +531,17 @@ def test_switching_the_guards_profile_hook_off_is_refused():
     not_yet(ch03.check_one_head(blind), "switched off the check's watch")
     assert sys.getprofile() is None or "exercises" not in getattr(sys.getprofile(), "__module__", "")
     assert ch03.check_one_head(solutions[3].attend).passed
+
+
+# =========================================================================== no answer on screen above its exercise
+
+@pytest.mark.parametrize("notebook, exercise, formula", [
+    ("04_forward_pass.ipynb", "Exercise 4.1", "sqrt(mean(x ** 2) + eps)"),
+    ("04_forward_pass.ipynb", "Exercise 4.2", "down(silu(gate(x)) * up(x))"),
+    ("07_prefill_and_decode.ipynb", "Exercise 7.3", "2 x batch x params / FLOP/s"),
+])
+def test_the_exercise_text_leaves_the_formula_to_derive(notebook, exercise, formula):
+    cells = notebook_cells(notebook)
+    at = next(i for i, c in enumerate(cells) if exercise in c["source"])
+    above = "".join(c["source"] for c in cells[:at + 1])
+    assert formula not in above, f"{exercise}'s formula is on screen above it"
