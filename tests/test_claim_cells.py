@@ -474,33 +474,57 @@ def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_diffe
         run_cell(cell_source(*ENCODER), **{**names, "ours": off})
 
 
-# 04 · the lens grid's " France" at the second " of" is a copy, where notebook 03's induction head looks
+# 04 · a made-up name, seen once, is copied (each prompt's own name is the top guess, unlikely without its first
+# sentence), where notebook 03's induction head looks; " France" after a Germany sentence is a guess, not a copy
 COPY = ("04_forward_pass.ipynb", "induction_layer, induction_head = divmod(")
 
 
 @pytest.fixture(scope="module")
 def copy_names(course):
-    from llm_anatomy.model.logit_lens import lens_grid
-
     cfg, scratch = course["loaded"].config, course["scratch"]
-    lens_ids = _ids(course, "The capital of France is Paris. The capital of Germany is")
-    lens_traced = scratch.trace(lens_ids, attention_layers=range(cfg.num_hidden_layers))
-    grid = lens_grid(scratch, lens_ids, course["tok"], hidden_states=lens_traced.hidden_states)
     return dict(tok=course["tok"], loaded=course["loaded"], scratch=scratch, cfg=cfg, H=scratch.cfg.num_heads,
-                lens_ids=lens_ids, lens_traced=lens_traced, grid=grid)
+                print=lambda *a, **k: None)
 
 
-def test_04_copied_france_holds_and_fails_when_the_guess_is_not_the_copy(copy_names):
+class _WithoutTheName:
+    """The model run on each prompt with its first sentence (the made-up name) cut out: what it guesses from the
+    rest alone, which a copy needs and a prior does not."""
+
+    def __init__(self, scratch, tok):
+        self.scratch, self.tok = scratch, tok
+
+    def _cut(self, ids):
+        text = self.tok.decode(ids[0], skip_special_tokens=True)
+        cut = text.split(" lives in Oslo. ", 1)[-1]
+        return self.tok(cut, return_tensors="pt").input_ids.to(ids.device)
+
+    def __call__(self, ids):
+        return self.scratch(self._cut(ids))
+
+    def trace(self, ids, **kwargs):
+        return self.scratch.trace(self._cut(ids) if " lives in Oslo." in self.tok.decode(ids[0]) else ids, **kwargs)
+
+
+def test_04_the_made_up_name_is_copied_and_the_cell_fails_when_it_is_not(copy_names):
     namespace = run_cell(cell_source(*COPY), **copy_names)
-    assert namespace["copied"] == " France"
-    grid = copy.deepcopy(copy_names["grid"])
-    grid.top_tokens[-1][namespace["second_of"]] = " Germany"  # a guess that copies nothing
-    with pytest.raises(AssertionError, match="not what the text above says"):
-        run_cell(cell_source(*COPY), **{**copy_names, "grid": grid})
+    assert set(namespace["copies"]) == {"Quenzel", "Tharnwick", "Zupolin"}
+    assert all(c["top"] and c["looks_there"] for c in namespace["copies"].values())
+    blind = _WithoutTheName(copy_names["scratch"], copy_names["tok"])
+    with pytest.raises((AssertionError, IndexError)):
+        run_cell(cell_source(*COPY), **{**copy_names, "scratch": blind})
 
 
-def test_04_copied_france_fails_when_the_induction_head_looks_elsewhere(copy_names):
-    traced = copy.copy(copy_names["lens_traced"])
-    traced.attentions = {layer: w.flip(-1).tril() for layer, w in traced.attentions.items()}  # keys read backwards
-    with pytest.raises(AssertionError, match="not what the text above says"):
-        run_cell(cell_source(*COPY), **{**copy_names, "lens_traced": traced})
+def test_04_the_copy_fails_when_the_induction_head_looks_elsewhere(copy_names):
+    scratch = copy_names["scratch"]
+
+    class LooksBackwards:  # the same model, its kept attention weights read backwards along the keys
+        def __call__(self, ids):
+            return scratch(ids)
+
+        def trace(self, ids, **kwargs):
+            out = scratch.trace(ids, **kwargs)
+            out.attentions = {layer: w.flip(-1).tril() for layer, w in out.attentions.items()}
+            return out
+
+    with pytest.raises(AssertionError, match="the text above says it does"):
+        run_cell(cell_source(*COPY), **{**copy_names, "scratch": LooksBackwards()})
