@@ -266,6 +266,49 @@ def test_03_induction_head_copies_whatever_followed_last_time(course):
     assert namespace["text_names"][namespace["after_first"]] == "·sat"
 
 
+# 03 · C5: induction heads by the standard test (random tokens said twice, every head scored against a control that
+# never repeats), and silencing the best head costs the repeated half more than silencing its layer's other heads
+STANDARD_INDUCTION = ("03_attention.ipynb", "induction_scores(rand_traced, LENGTH)")
+
+
+def _standard_induction_names(course):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return dict(tok=course["tok"], scratch=course["scratch"], cfg=course["loaded"].config,
+                loaded=course["loaded"], H=course["scratch"].cfg.num_heads, plt=plt, print=lambda *a, **k: None)
+
+
+def test_03_standard_induction_claim_holds(course):
+    namespace = run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
+    assert namespace["best"] > 0.5 and namespace["without_best"] > namespace["second_half_loss"]["repeated"]
+
+
+def test_03_standard_induction_claim_fails_when_nothing_repeats(course, monkeypatch):
+    from llm_anatomy.model import explore
+
+    real = explore.repeated_random_tokens
+    monkeypatch.setattr(explore, "repeated_random_tokens", lambda *a, **k: real(*a, **{**k, "repeat": False}))
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
+
+
+def test_03_standard_induction_claim_fails_when_silencing_the_head_changes_nothing(course, monkeypatch):
+    import contextlib
+
+    from llm_anatomy.model import ablations
+
+    @contextlib.contextmanager
+    def reaches_but_changes_nothing(model, heads):
+        yield [1] * len({layer for layer, _ in heads})
+
+    monkeypatch.setattr(ablations, "heads_ablated", reaches_but_changes_nothing)
+    with pytest.raises(ClaimFailed, match="C5 NOT shown"):
+        run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
+
+
 # 02 · C2: one-hot times the table is the lookup, and so are the library's one_hot_lookup and the model's layer
 LOOKUP = ("02_embeddings_and_positions.ipynb", 'claim("C2"')
 

@@ -89,3 +89,31 @@ def test_with_the_mask_cached_decode_equals_the_full_pass_without_it_they_part_f
     with mask_off(model) as reached:
         model(ids)
     assert len(reached) == model.cfg.num_layers
+
+
+def test_heads_ablated_zeroes_only_the_chosen_heads_and_refuses_a_head_that_does_not_exist(tiny_model):
+    from llm_anatomy.errors import CourseError
+    from llm_anatomy.model.ablations import heads_ablated
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    model = ScratchLlama.from_hf(tiny_model)
+    ids = torch.randint(3, model.cfg.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+    seen = {}
+    handle = model.layers[0].self_attn.o_proj.register_forward_hook(  # what o_proj itself was given
+        lambda m, a, out: seen.update(x=a[0].clone()))
+    try:
+        plain = model(ids)
+        before = seen["x"]
+        with heads_ablated(model, [(0, 1)]) as reached:
+            changed = model(ids)
+        after = seen["x"]
+    finally:
+        handle.remove()
+    d = model.cfg.head_dim
+    assert reached == [1] and not torch.equal(plain, changed)
+    assert torch.equal(after[..., d:2 * d], torch.zeros_like(after[..., d:2 * d]))  # head 1 silenced
+    assert torch.equal(after[..., :d], before[..., :d])  # head 0 as it was
+    assert torch.equal(model(ids), plain)  # and the model itself unchanged afterwards
+    with pytest.raises(CourseError, match="no head 99"):
+        with heads_ablated(model, [(0, 99)]):
+            pass

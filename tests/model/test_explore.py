@@ -49,3 +49,35 @@ def test_a_trace_without_every_layers_weights_is_refused(scratch):
                           logits_to_keep=1)
     with pytest.raises(CourseError, match="one prompt"):
         weight_from_to(batch, 3, 1)
+
+
+def test_repeated_random_tokens_repeat_or_not_and_refuse_a_too_short_test():
+    from llm_anatomy.errors import CourseError
+    from llm_anatomy.model.explore import repeated_random_tokens
+
+    ids = repeated_random_tokens(5, seed=1, bos=7)
+    assert ids.shape == (1, 11) and ids[0, 0] == 7 and torch.equal(ids[0, 1:6], ids[0, 6:])
+    control = repeated_random_tokens(5, seed=1, bos=7, repeat=False)
+    assert torch.equal(control[0, :6], ids[0, :6]) and not torch.equal(control[0, 6:], ids[0, 6:])
+    assert torch.equal(repeated_random_tokens(5, seed=1, bos=7), ids)  # the same seed, the same tokens
+    with pytest.raises(CourseError, match="at least 2"):
+        repeated_random_tokens(1, seed=1)
+
+
+def test_induction_scores_read_the_weight_on_the_token_after_the_earlier_occurrence():
+    import types
+
+    from llm_anatomy.errors import CourseError
+    from llm_anatomy.model.explore import induction_scores
+
+    length, seq = 4, 9  # a BOS, then two halves of 4
+    perfect = torch.zeros(1, 2, seq, seq)
+    for q in range(seq - length + 1, seq):
+        perfect[0, 0, q, q - length + 1] = 1.0  # head 0: all weight on the token after the earlier occurrence
+        perfect[0, 1, q, q - 1] = 1.0  # head 1: the previous token, never the copy's source
+    scores = induction_scores(types.SimpleNamespace(attentions={0: perfect, 1: perfect.flip(1)}), length)
+    assert scores.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    with pytest.raises(CourseError, match="attention_layers=range"):
+        induction_scores(types.SimpleNamespace(attentions={1: perfect}), length)
+    with pytest.raises(CourseError, match="no two halves"):
+        induction_scores(types.SimpleNamespace(attentions={0: perfect}), 6)

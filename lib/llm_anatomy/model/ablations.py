@@ -6,6 +6,7 @@ duration of a `with` block:
     with positions_shifted(model, 1000): ...        every RoPE position + 1000 (C3: only offsets matter)
     with kv_heads_read(model, [h % 3 for h ...]): ...  which K/V head each query head reads (C5: GQA's grouping)
     with mask_off(model): ...                       no causal mask in any layer (C9: what keeps the cache valid)
+    with heads_ablated(model, [(18, 6)]): ...       those heads' outputs zeroed (notebook 03's induction head)
 
 and the functions below measure what changes. A change that never reaches the model would make an experiment
 show nothing, so each one counts the layers it reached and refuses to report otherwise.
@@ -112,6 +113,37 @@ def mask_off(model):
 
     with _attention_replaced(model, unmasked) as reached:
         yield reached
+
+
+@contextlib.contextmanager
+def heads_ablated(model, heads):
+    """The output of each (layer, head) in `heads` set to zero on its way into o_proj, in every pass of the block.
+
+    Yields a list that gains one entry per layer call it reached: one per chosen layer and pass."""
+    cfg, reached = model.cfg, []
+    chosen: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if not (0 <= layer < cfg.num_layers and 0 <= head < cfg.num_heads):
+            raise CourseError(f"no head {head} in layer {layer}: the model has {cfg.num_layers} layers of "
+                              f"{cfg.num_heads} heads.")
+        chosen.setdefault(layer, []).append(head)
+
+    def zeroing(heads_here):
+        def pre_hook(module, args):
+            x = args[0].clone()  # [batch, seq, heads * head_dim]: the heads side by side
+            for h in heads_here:
+                x[..., h * cfg.head_dim:(h + 1) * cfg.head_dim] = 0
+            reached.append(1)
+            return (x,) + tuple(args[1:])
+        return pre_hook
+
+    handles = [model.layers[layer].self_attn.o_proj.register_forward_pre_hook(zeroing(hs))
+               for layer, hs in chosen.items()]
+    try:
+        yield reached
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @torch.no_grad()

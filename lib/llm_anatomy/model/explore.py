@@ -3,7 +3,8 @@
 The weights come from the blocks' own attention (`ScratchLlama.attention_weights`), one forward pass of the model;
 `views/attention.py` labels and draws them, `widgets/attention_explorer.py` is the shell around both.
 `weight_from_to(traced, query, key)` reads every head's weight from one position onto another out of a trace (how
-notebook 04 finds notebook 03's induction head again).
+notebook 04 finds notebook 03's induction head again); `repeated_random_tokens` and `induction_scores` are the
+standard test for induction heads (Olsson et al., 2022): random tokens said twice, every head scored.
 """
 
 from __future__ import annotations
@@ -62,3 +63,35 @@ def weight_from_to(traced, query: int, key: int) -> torch.Tensor:
         raise CourseError(f"need 0 <= key <= query < {seq} (a token sees only itself and earlier ones), "
                           f"not query {query} and key {key}.")
     return torch.stack([traced.attentions[i][0, :, query, key].float().cpu() for i in layers])  # [layers, heads]
+
+
+def repeated_random_tokens(length: int, seed: int, bos: int | None = None, repeat: bool = True,
+                           ids_from: int = 1000, ids_to: int = 20000) -> torch.Tensor:
+    """`[1, (bos) + 2 * length]` token ids: `length` random ids (from the ordinary middle of the vocabulary), then the
+    same ids again when `repeat`, else other random ids (the control: nothing earlier to copy)."""
+    if length < 2:
+        raise CourseError(f"the test needs at least 2 random tokens, not {length}.")
+    g = torch.Generator().manual_seed(seed)
+    first = torch.randint(ids_from, ids_to, (length,), generator=g)
+    second = first if repeat else torch.randint(ids_from, ids_to, (length,), generator=g)
+    start = torch.tensor([] if bos is None else [bos], dtype=torch.long)
+    return torch.cat([start, first, second])[None]
+
+
+def induction_scores(traced, length: int) -> torch.Tensor:
+    """Every head's induction score `[layers, heads]`, from a trace (all layers' weights kept) of ids made by
+    repeated_random_tokens: the mean weight, from each position of the second half, on the token that followed the
+    same token in the first half (`length` positions back, plus one). A head that copies scores near 1; on the
+    control, where nothing repeats, the same positions hold nothing special and every head scores near 0."""
+    layers = sorted(traced.attentions)
+    if not layers or layers != list(range(len(layers))):
+        raise CourseError("trace the ids with attention_layers=range(number of layers) first: induction_scores "
+                          f"scores every layer's heads, and this trace kept layers {layers}.")
+    seq = traced.attentions[0].shape[-1]
+    start = seq - length  # the second half's first position (after an optional BOS and the first half)
+    if start < length:
+        raise CourseError(f"a trace of {seq} tokens holds no two halves of {length}: pass the length the ids were "
+                          "made with.")
+    query = torch.arange(start + 1, seq)  # each of these has its earlier occurrence at query - length
+    return torch.stack([traced.attentions[layer][0][:, query, query - length + 1].float().mean(-1).cpu()
+                        for layer in layers])
