@@ -173,12 +173,24 @@ SHIFT = ("02_embeddings_and_positions.ipynb", "positions_shifted(scratch32, shif
 
 
 def _shift_names(course):
-    return dict(model=course["model"], loaded=course["loaded"], tok=course["tok"])
+    return dict(model=course["model"], loaded=course["loaded"], tok=course["tok"], scratch32=course["scratch"],
+                print=lambda *a, **k: None)
 
 
 def test_02_shifted_positions_claim_holds(course):
     namespace = run_cell(cell_source(*SHIFT), **_shift_names(course))
     assert namespace["shift_change"] <= 1e-4 < 1e-2 < namespace["swap_change"]
+    assert namespace["blind"] <= 1e-5 < 1e-2 < namespace["rope_alone"]
+
+
+def test_02_swap_claim_fails_for_a_model_without_rope_where_only_the_mask_sees_order(course, monkeypatch):
+    from llm_anatomy.model import scratch as scratch_module
+
+    # no rotation anywhere: a swap still changes the weights (the causal mask), but with the mask off it is only a
+    # reordering, which is what the claim's control must catch
+    monkeypatch.setattr(scratch_module, "apply_rope", lambda x, cos, sin: x)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*SHIFT), **_shift_names(course))
 
 
 def test_02_shifted_positions_claim_fails_for_a_model_that_reads_absolute_positions(course, monkeypatch):
@@ -211,7 +223,18 @@ def _pairing_names(course):
     h = emb * torch.rsqrt(emb.pow(2).mean() + norm0.variance_epsilon) * norm0.weight.float()  # as the notebook's RMSNorm
     head_dim, theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
     return dict(attn0=attn0, h=h, head_dim=head_dim, theta=theta, freqs=rope_frequencies(head_dim, theta),
-                q_cat=attn0.q_proj.weight[:head_dim].float() @ h)
+                q_cat=attn0.q_proj.weight[:head_dim].float() @ h, model=model, loaded=course["loaded"],
+                tok=course["tok"], cfg=cfg, print=lambda *a, **k: None)
+
+
+def test_02_pairing_claim_fails_when_the_wrong_pairing_costs_the_model_nothing(course, monkeypatch):
+    @contextlib.contextmanager
+    def reaches_but_changes_nothing(model):
+        yield [1] * (2 * model.cfg.num_layers)
+
+    monkeypatch.setattr(ablations, "rope_interleaved", reaches_but_changes_nothing)
+    with pytest.raises(ClaimFailed, match="C3 NOT shown"):
+        run_cell(cell_source(*PAIRING), **_pairing_names(course))
 
 
 def test_02_pairing_claim_holds(course):

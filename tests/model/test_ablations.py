@@ -117,3 +117,37 @@ def test_heads_ablated_zeroes_only_the_chosen_heads_and_refuses_a_head_that_does
     with pytest.raises(CourseError, match="no head 99"):
         with heads_ablated(model, [(0, 99)]):
             pass
+
+
+def test_rope_interleaved_on_interleaved_rows_gives_the_plain_model_and_rope_off_turns_nothing(tiny_model):
+    import copy
+
+    from llm_anatomy.model.ablations import rope_interleaved, rope_off
+    from llm_anatomy.model import scratch as scratch_module
+
+    model = ScratchLlama.from_hf(tiny_model)
+    cfg, d = model.cfg, model.cfg.head_dim
+    ids = torch.randint(3, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
+    plain = model(ids)
+    # the rows of q_proj and k_proj of every head reordered to the interleaved layout (what a GGUF converter writes)
+    order = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1).flatten()  # 0, d/2, 1, ...
+    permuted = copy.deepcopy(model)
+    for block in permuted.layers:
+        for proj, heads in ((block.self_attn.q_proj, cfg.num_heads), (block.self_attn.k_proj, cfg.num_kv_heads)):
+            w = proj.weight.data.view(heads, d, -1)
+            proj.weight.data = w[:, order].reshape(heads * d, -1).clone()
+    with rope_interleaved(permuted) as reached:
+        same = permuted(ids)
+    assert len(reached) == 2 * cfg.num_layers
+    assert torch.allclose(same, plain, atol=1e-5)  # the right pairing for those rows: the same model
+    with rope_interleaved(model):
+        assert not torch.allclose(model(ids), plain, atol=1e-3)  # the wrong pairing for the stored rows
+    real = scratch_module.apply_rope
+    with rope_off(model) as reached:
+        unturned = model(ids)
+    scratch_module.apply_rope = lambda x, cos, sin: x
+    try:
+        assert reached == [1] and torch.allclose(unturned, model(ids), atol=1e-6)
+    finally:
+        scratch_module.apply_rope = real
+    assert torch.equal(model(ids), plain)  # everything put back

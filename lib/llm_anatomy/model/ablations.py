@@ -7,6 +7,8 @@ duration of a `with` block:
     with kv_heads_read(model, [h % 3 for h ...]): ...  which K/V head each query head reads (C5: GQA's grouping)
     with mask_off(model): ...                       no causal mask in any layer (C9: what keeps the cache valid)
     with heads_ablated(model, [(18, 6)]): ...       those heads' outputs zeroed (notebook 03's induction head)
+    with rope_off(model): ...                       no rotation at all: q and k as the projections made them
+    with rope_interleaved(model): ...               RoPE turning pairs (2i, 2i + 1), not the checkpoint's (j, j + d/2)
 
 and the functions below measure what changes. A change that never reaches the model would make an experiment
 show nothing, so each one counts the layers it reached and refuses to report otherwise.
@@ -42,6 +44,47 @@ def positions_shifted(model, shift: int):
         yield reached  # one entry per forward pass that took its positions from the shifted rope
     finally:
         del model.rope
+
+
+@contextlib.contextmanager
+def rope_off(model):
+    """RoPE switched off in every layer of `model` while the block runs: cos 1 and sin 0, so q and k are not turned.
+
+    Yields a list that gains one entry per forward pass that read the switched-off rope (check_shifted reads it)."""
+    rope, reached = type(model).rope, []
+
+    def unturned(positions):
+        reached.append(1)
+        cos, sin = rope(model, positions)
+        return torch.ones_like(cos), torch.zeros_like(sin)
+
+    model.rope = unturned
+    try:
+        yield reached
+    finally:
+        del model.rope
+
+
+@contextlib.contextmanager
+def rope_interleaved(model):
+    """Every layer turns the pairs (2i, 2i + 1) of q and k, the original RoPE's layout, by the angles the checkpoint's
+    rotate-half layout gives the pairs (j, j + d/2): the right rotation of the wrong numbers for these weights.
+
+    Yields a list that gains one entry per call (two per layer and pass: q and k)."""
+    real, reached = scratch_module.apply_rope, []
+
+    def interleaved(x, cos, sin):
+        reached.append(1)
+        half = x.shape[-1] // 2
+        c, s = cos[..., :half], sin[..., :half]  # one angle per pair
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2)
+
+    scratch_module.apply_rope = interleaved
+    try:
+        yield reached
+    finally:
+        scratch_module.apply_rope = real
 
 
 @contextlib.contextmanager
