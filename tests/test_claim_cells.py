@@ -540,6 +540,53 @@ def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_diffe
         run_cell(cell_source(*ENCODER), **{**names, "ours": off})
 
 
+# 04 · why each part exists: the passage's loss with each part taken away, in order; and 20 training steps
+PARTS = ("04_forward_pass.ipynb", "removed = {\"nothing removed\": None")
+TRAINING = ("04_forward_pass.ipynb", "optimizer = torch.optim.AdamW(small.parameters()")
+
+
+def _parts_names(course):
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pydoc_data.topics import topics
+
+    text_ids = _ids(course, topics["truth"][:500])
+    return dict(scratch=course["scratch"], cfg=course["loaded"].config, text_ids=text_ids, math=math, plt=plt,
+                loaded=course["loaded"], ScratchLlama=ScratchLlama, print=lambda *a, **k: None)
+
+
+def test_04_each_part_taken_away_costs_what_the_text_says(course):
+    namespace = run_cell(cell_source(*PARTS), **_parts_names(course))
+    assert namespace["losses"]["nothing removed"] < namespace["positions"] < namespace["uniform"] < namespace["structure"]
+
+
+def test_04_the_parts_cell_fails_when_removing_rope_costs_nothing(course, monkeypatch):
+    from llm_anatomy.model import ablations as ablations_module
+
+    for name in ("rope_off", "rope_interleaved"):
+        monkeypatch.setattr(ablations_module, name, lambda model: contextlib.nullcontext([1]))
+    with pytest.raises(AssertionError, match="not in the order"):
+        run_cell(cell_source(*PARTS), **_parts_names(course))
+
+
+def test_04_training_lowers_the_loss_and_the_cell_fails_when_nothing_is_learned(course, monkeypatch):
+    names = dict(_parts_names(course), whole=3.4, uniform=10.8)
+    namespace = run_cell(cell_source(*TRAINING), **names)
+    assert namespace["curve"][-1] < namespace["curve"][0] - 3
+
+    class Frozen(torch.optim.AdamW):  # an optimizer that never changes a weight
+        def step(self, closure=None):
+            return None
+
+    monkeypatch.setattr(torch.optim, "AdamW", Frozen)
+    with pytest.raises(AssertionError, match="did not fall"):
+        run_cell(cell_source(*TRAINING), **names)
+
+
 # 04 · a made-up name, seen once, is copied (each prompt's own name is the top guess, unlikely without its first
 # sentence), where notebook 03's induction head looks; " France" after a Germany sentence is a guess, not a copy
 COPY = ("04_forward_pass.ipynb", "induction_layer, induction_head = divmod(")

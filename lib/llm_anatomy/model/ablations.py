@@ -9,6 +9,7 @@ duration of a `with` block:
     with heads_ablated(model, [(18, 6)]): ...       those heads' outputs zeroed (notebook 03's induction head)
     with rope_off(model): ...                       no rotation at all: q and k as the projections made them
     with rope_interleaved(model): ...               RoPE turning pairs (2i, 2i + 1), not the checkpoint's (j, j + d/2)
+    with residual_off(model), mlps_off(model), final_norm_off(model): ...  a part of every block, or the last norm, gone
 
 and the functions below measure what changes. A change that never reaches the model would make an experiment
 show nothing, so each one counts the layers it reached and refuses to report otherwise.
@@ -85,6 +86,43 @@ def rope_interleaved(model):
         yield reached
     finally:
         scratch_module.apply_rope = real
+
+
+@contextlib.contextmanager
+def _forwards_replaced(modules, make):
+    """Each module's forward replaced by `make(module, reached)` while the block runs (an instance attribute, which
+    hides the class's); yields `reached`, which the replacements append to."""
+    reached: list = []
+    modules = list(modules)
+    for module in modules:
+        module.forward = make(module, reached)
+    try:
+        yield reached
+    finally:
+        for module in modules:
+            del module.forward
+
+
+def residual_off(model):
+    """No residual stream: each sublayer's output replaces the stream instead of being added to it."""
+    def make(block, reached):
+        def forward(x, cos, sin, cache=None, key_mask=None, return_weights=False):
+            reached.append(1)
+            attn_out, weights = block.self_attn(block.input_layernorm(x), cos, sin, cache, key_mask, return_weights)
+            return block.mlp(block.post_attention_layernorm(attn_out)), weights
+        return forward
+    return _forwards_replaced(model.layers, make)
+
+
+def mlps_off(model):
+    """Every block's MLP gives zeros: the blocks are attention alone."""
+    return _forwards_replaced((block.mlp for block in model.layers),
+                              lambda mlp, reached: lambda x: (reached.append(1), torch.zeros_like(x))[1])
+
+
+def final_norm_off(model):
+    """The norm before the LM head passes the stream through unchanged."""
+    return _forwards_replaced([model.norm], lambda norm, reached: lambda x: (reached.append(1), x)[1])
 
 
 @contextlib.contextmanager
