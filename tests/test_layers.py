@@ -77,7 +77,7 @@ def internal_graph() -> dict[str, set[str]]:
     known = modules()
     graph = {}
     for name, path in known.items():
-        graph[name] = {m for m in imports_of(path) if m in known and m != name and not name.startswith(m + ".")}
+        graph[name] = {m for m in imports_of(path) if m in known and m != name}  # a submodule importing its parent too
     return graph
 
 

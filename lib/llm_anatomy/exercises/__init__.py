@@ -81,17 +81,11 @@ import sys
 import types
 
 from ..claims import GREEN, RED, Verdict
+from ._guard import forbidden, forbidden_all
+from .not_yet import NotYet, _LearnerFailed
 
 __all__ = ["NotYet", "Verdict", "call", "exercise", "expect", "forbidden", "forbidden_all", "hint", "hints",
            "reset_hints", "returned"]
-
-
-class NotYet(Exception):
-    """Raised by expect(): the answer is not right yet; the message says what to change."""
-
-
-class _LearnerFailed(Exception):
-    """The learner's own code raised (`call` wraps it, so that a check's stumbles read differently)."""
 
 
 def expect(condition: bool, message: str) -> None:
@@ -270,5 +264,3 @@ def reset_hints() -> None:
     """Forget which hints were shown (tests use it)."""
     _revealed.clear()
 
-
-from ._guard import forbidden, forbidden_all  # noqa: E402  (the guard raises NotYet, defined above)

@@ -22,7 +22,7 @@ import sys
 import types
 from pathlib import Path
 
-from . import NotYet
+from .not_yet import NotYet
 
 _MISSING = object()
 _ATEN = {  # a torch function -> the ATen ops (and C functions of the same names) that compute the same thing
