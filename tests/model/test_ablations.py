@@ -154,21 +154,23 @@ def test_rope_interleaved_on_interleaved_rows_gives_the_plain_model_and_rope_off
 
 
 def test_residual_mlps_and_final_norm_off_compute_what_they_say_and_leave_the_model_as_it_was(tiny_model):
-    from llm_anatomy.model.ablations import final_norm_off, mlps_off, residual_off
+    from llm_anatomy.model.ablations import attention_off, final_norm_off, mlps_off, residual_off
 
     model = ScratchLlama.from_hf(tiny_model)
     ids = torch.randint(3, model.cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
     plain = model(ids)
     x = model.embed_tokens(ids)
     cos, sin = model.rope(torch.arange(5))
-    by_hand = {"residual": x, "mlps": x}
+    by_hand = {"residual": x, "mlps": x, "attention": x}
     for block in model.layers:  # each variant written out
+        by_hand["attention"] = by_hand["attention"] + block.mlp(block.post_attention_layernorm(by_hand["attention"]))
         attn, _ = block.self_attn(block.input_layernorm(by_hand["residual"]), cos, sin)
         by_hand["residual"] = block.mlp(block.post_attention_layernorm(attn))
         by_hand["mlps"] = by_hand["mlps"] + block.self_attn(block.input_layernorm(by_hand["mlps"]), cos, sin)[0]
     layers = model.cfg.num_layers
     for change, want, reached_want in ((residual_off, model.lm_head(model.norm(by_hand["residual"])), layers),
-                                       (mlps_off, model.lm_head(model.norm(by_hand["mlps"])), layers)):
+                                       (mlps_off, model.lm_head(model.norm(by_hand["mlps"])), layers),
+                                       (attention_off, model.lm_head(model.norm(by_hand["attention"])), layers)):
         with change(model) as reached:
             got = model(ids)
         assert len(reached) == reached_want and torch.allclose(got, want, atol=1e-5), change.__name__

@@ -9,7 +9,7 @@ duration of a `with` block:
     with heads_ablated(model, [(18, 6)]): ...       those heads' outputs zeroed (notebook 03's induction head)
     with rope_off(model): ...                       no rotation at all: q and k as the projections made them
     with rope_interleaved(model): ...               RoPE turning pairs (2i, 2i + 1), not the checkpoint's (j, j + d/2)
-    with residual_off(model), mlps_off(model), final_norm_off(model): ...  a part of every block, or the last norm, gone
+    with attention_off(model) / residual_off / mlps_off / final_norm_off: ...  a part of every block, or the norm, gone
 
 and the functions below measure what changes. A change that never reaches the model would make an experiment
 show nothing, so each one counts the layers it reached and refuses to report otherwise.
@@ -112,6 +112,16 @@ def residual_off(model):
             return block.mlp(block.post_attention_layernorm(attn_out)), weights
         return forward
     return _forwards_replaced(model.layers, make)
+
+
+def attention_off(model):
+    """Every block's attention gives zeros: no token reads any other."""
+    def make(attn, reached):
+        def forward(x, *args, **kwargs):
+            reached.append(1)
+            return torch.zeros_like(x), None
+        return forward
+    return _forwards_replaced((block.self_attn for block in model.layers), make)
 
 
 def mlps_off(model):
