@@ -13,6 +13,7 @@ import torch
 
 from ..model import rope as rope_module
 from . import NotYet, _LearnerFailed, call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: notebook)
+from ._watch import torch_calls
 
 
 def _table(seed: int = 0, vocab: int = 11, hidden: int = 6) -> torch.Tensor:
@@ -116,25 +117,19 @@ class _Counted:
     over queries or rows runs one of each per pass, the whole-table method one in all."""
 
     def __enter__(self):
-        from torch.overrides import TorchFunctionMode
+        self.products = self.choices = self.calls = 0
 
-        counts = self.products, self.choices, self.calls = [0], [0], [0]
+        def seen(func, args, kwargs, out):
+            self.products += func in _PRODUCTS
+            self.choices += func in _CHOICES
+            self.calls += 1
 
-        class Counting(TorchFunctionMode):
-            def __torch_function__(self, func, types_, args=(), kwargs=None):
-                counts[0][0] += func in _PRODUCTS
-                counts[1][0] += func in _CHOICES
-                counts[2][0] += 1
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Counting()
-        self._mode.__enter__()
+        self._watch = torch_calls(seen)
+        self._watch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        self.products, self.choices, self.calls = self.products[0], self.choices[0], self.calls[0]
-        return False
+        return self._watch.__exit__(*exc)
 
 
 @exercise

@@ -14,6 +14,7 @@ import torch
 
 from ..model import attention as attention_module
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from ._watch import torch_calls
 
 
 def _head(q, k, v, *, causal=True, scale="sqrt", fill=float("-inf"), dim=-1, diagonal=0, transposed=False,
@@ -149,26 +150,19 @@ class _KOperands:
         self.shapes, self.largest = {(k_len, d), (d, k_len)}, 0
 
     def __enter__(self):
-        from torch.overrides import TorchFunctionMode
+        def seen(func, args, kwargs, out):
+            if func in _PRODUCTS:
+                operands = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+                for t in operands + list(kwargs.values()):
+                    if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) in self.shapes:
+                        self.largest = max(self.largest, t.numel())
 
-        watch = self
-
-        class Products(TorchFunctionMode):
-            def __torch_function__(self, func, types_, args=(), kwargs=None):
-                if func in _PRODUCTS:
-                    operands = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
-                    for t in operands + list((kwargs or {}).values()):
-                        if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) in watch.shapes:
-                            watch.largest = max(watch.largest, t.numel())
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Products()
-        self._mode.__enter__()
+        self._watch = torch_calls(seen)
+        self._watch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        return False
+        return self._watch.__exit__(*exc)
 
 
 def _grouped_reference(q: torch.Tensor, k: torch.Tensor, grouping: str = "h // n_rep", scale=True) -> torch.Tensor:

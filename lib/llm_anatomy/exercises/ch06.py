@@ -11,6 +11,7 @@ import torch
 
 from ..model.kv_cache import KVCache
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from ._watch import torch_calls
 from ._tiny import Recorder, reference_tokens, stop_cases, stopped_on_the_prompt, tiny_model
 
 GIB = 2**30
@@ -204,25 +205,19 @@ class _Copies:
               torch.Tensor.contiguous}
 
     def __enter__(self):
-        from torch.overrides import TorchFunctionMode
+        self.largest = 0
 
-        watch, self.largest = self, 0
+        def seen(func, args, kwargs, out):
+            made = func in self.MAKERS and not (func is torch.Tensor.contiguous and out is args[0])
+            if made and isinstance(out, torch.Tensor):
+                self.largest = max(self.largest, out.numel())
 
-        class Watching(TorchFunctionMode):
-            def __torch_function__(self, func, types_, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                if func in _Copies.MAKERS and isinstance(out, torch.Tensor) and not (
-                        func is torch.Tensor.contiguous and out is args[0]):
-                    watch.largest = max(watch.largest, out.numel())
-                return out
-
-        self._mode = Watching()
-        self._mode.__enter__()
+        self._watch = torch_calls(seen)
+        self._watch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        return False
+        return self._watch.__exit__(*exc)
 
 
 def _no_library_update() -> forbidden_all:
