@@ -38,6 +38,7 @@ def test_the_summary_is_vllms_figures_from_the_clients_records():
     assert out["goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
     assert ok.tpot_s == pytest.approx(0.15) and ok.e2e_s == pytest.approx(0.5)
     assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 99))
+    assert percentile([4, 1, 3, 2, math.nan], 99) == pytest.approx(3.97)  # linear between the two nearest; NaN left out
 
 
 def test_the_server_latency_is_split_into_the_handlers_part_and_the_rest():
