@@ -8,7 +8,6 @@ logits the notebook never showed; the loop check runs the learner's loop on a ti
 from __future__ import annotations
 
 import math
-
 import sys
 
 import torch
@@ -176,13 +175,6 @@ def _min_p_cases() -> list[tuple[torch.Tensor, float]]:
     return cases
 
 
-def _transformers_min_p():
-    """transformers' own min-p (MinPLogitsWarper), imported here if the notebook has not yet."""
-    from transformers.generation.logits_process import MinPLogitsWarper
-
-    return MinPLogitsWarper
-
-
 @exercise
 @hints("min-p compares each token's probability with the most likely token's, not with a fixed number.",
        "Turn the logits into probabilities first (a softmax), find the largest one, and keep the tokens at or above "
@@ -191,10 +183,11 @@ def _transformers_min_p():
 def check_min_p(keep_min_p) -> str:
     """keep_min_p(logits [vocab], min_p) -> the set of token ids min-p keeps."""
     expect(callable(keep_min_p), "define keep_min_p(logits, min_p) returning the set of kept token ids.")
-    warper = _transformers_min_p()
+    from transformers.generation.logits_process import MinPLogitsWarper  # transformers' own min-p: refused too
+
     for logits, m in _min_p_cases():
         with _no_sampler("min_p_mask", why="compare the probabilities with the top one yourself"), \
-                forbidden_all([warper], "compare the probabilities with the top one yourself"):
+                forbidden_all([MinPLogitsWarper], "compare the probabilities with the top one yourself"):
             got = returned(call(keep_min_p, logits.clone(), m), "id set", "the kept ids")
         margin = logits.double().log_softmax(-1)
         margin = margin - margin.max() - math.log(m)  # log(p / p_max) - log(min_p): kept where >= 0
