@@ -65,3 +65,20 @@ def test_a_pipeline_that_does_not_overlap_breaks_the_claims_evidence():
     two = measured_bubble([serial_first, serial_second])
     with pytest.raises(ClaimFailed):
         claim("C23", two < one - 0.05, f"bubble with 1 micro-batch {one:.0%}, with 2 {two:.0%}")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_middle_stage_holds_no_vocabulary_matrix_and_three_stages_give_the_plain_logits(tied):
+    """As picotron builds a stage: what it does not run is an nn.Identity, and the model's own forward runs it."""
+    plain = ScratchLlama.from_hf(random_llama(seed=7, num_hidden_layers=3, tie_word_embeddings=tied))
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    read = state_dict_reader(plain)
+    stages = [pipeline_stage(read, plain.cfg, s, 3) for s in range(3)]
+    middle = dict(stages[1].named_parameters())
+    assert not any(name.startswith(("embed_tokens", "lm_head", "norm.")) for name in middle), sorted(middle)
+    assert isinstance(stages[1].embed_tokens, torch.nn.Identity) and isinstance(stages[0].lm_head, torch.nn.Identity)
+    x = ids
+    for stage in stages:
+        x = stage_forward(stage, x)
+    assert torch.equal(x, plain(ids))
+    assert torch.equal(stages[2].lm_head.weight, plain.lm_head.weight)  # the tied matrix read for the last stage

@@ -30,3 +30,23 @@ def test_no_prompt_or_an_empty_one_is_refused(tiny):
         flattened_prefill(tiny, [])
     with pytest.raises(CourseError):
         flattened_prefill(tiny, [[5], []])
+
+
+def test_the_flattened_batch_is_one_more_cache_for_the_models_own_forward(tiny):
+    from llm_anatomy.serve.selective import FlatBatch
+
+    batch = FlatBatch([3, 1, 2], cached=[0, 5, 2])
+    assert batch.positions(6, None, "cpu").tolist() == [0, 1, 2, 5, 2, 3]  # each token at its own row's position
+    assert batch.spans == [(0, 3), (3, 4), (4, 6)] and batch.last.tolist() == [2, 3, 5]
+    with pytest.raises(CourseError, match="no padding"):
+        batch.key_mask(6, torch.ones(1, 6))
+    calls = []
+    original = tiny.layers[0].self_attn.kernel
+    tiny.layers[0].self_attn.kernel = lambda q, k, v, **kw: (calls.append(q.shape[2]), original(q, k, v, **kw))[1]
+    try:
+        flattened_prefill(tiny, [[5, 6, 7], [8], [9, 10]])
+    finally:
+        del tiny.layers[0].self_attn.kernel
+    assert calls == [3, 1, 2]  # the layer's own attention, once per row over that row only
+    with pytest.raises(CourseError, match="token ids from 0"):
+        flattened_prefill(tiny, [[5, 6], [10**6]])  # the model's own checks apply

@@ -6,8 +6,8 @@ final norm and the LM head. A stage cannot start a micro-batch before the stage 
 micro-batches and stage s works on micro-batch i while stage s + 1 works on i - 1: of the time between the first
 stage's start and the last stage's end, each stage idles (p - 1) / (m + p - 1) (the bubble), for stages of equal time.
 
-A stage is the plain ScratchLlama built with L/p layers and the stage's weights; `stage_forward` runs its modules in
-the order the plain model does (the blocks are the model's own Block modules). Times in seconds.
+A stage is the plain ScratchLlama built with L/p layers and the stage's weights, the parts it does not run swapped
+for nn.Identity (as picotron does); `stage_forward` is the model's own forward pass. Times in seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import statistics
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from ..device import timed
 from ..errors import CourseError
@@ -42,20 +43,29 @@ def stage_layers(cfg: ScratchConfig, stage: int, stages: int) -> range:
 def pipeline_stage(read, cfg: ScratchConfig, stage: int, stages: int, dtype: torch.dtype = torch.float32,
                    device: str | torch.device = "cpu") -> ScratchLlama:
     """Stage `stage`'s model: the plain ScratchLlama with its L/p layers, their weights read by `read` (see
-    tensor_parallel.checkpoint_reader), and the embedding, final norm and LM head (used by the first and last stage)."""
+    tensor_parallel.checkpoint_reader). As picotron builds a stage, what the stage does not run is an nn.Identity:
+    the embedding on every stage but the first, the final norm and the LM head on every stage but the last. So the
+    model's own forward pass runs the stage, and a middle stage holds no vocabulary-sized matrix."""
     layers = stage_layers(cfg, stage, stages)
+    first, last = stage == 0, stage == stages - 1
     with torch.device("meta"):
         model = ScratchLlama(replace(cfg, num_layers=len(layers)))
+    if not first:
+        model.embed_tokens = nn.Identity()
+    if not last:
+        model.norm, model.lm_head = nn.Identity(), nn.Identity()
     weights = {}
     for name, _ in model.named_parameters():
         if name.startswith("layers."):
             _, index, rest = name.split(".", 2)
             source = f"layers.{layers[int(index)]}.{rest}"  # this stage's block i is the model's block first + i
+        elif name == "lm_head.weight" and cfg.tie_word_embeddings:
+            source = "embed_tokens.weight"  # the last stage's own copy of the tied matrix
         else:
             source = name
         weights[name] = read(source).to(device=device, dtype=dtype)
     model.load_state_dict(weights, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and first and last:
         model.lm_head.weight = model.embed_tokens.weight
     model.stage, model.stages = stage, stages
     return model.eval()
@@ -65,19 +75,10 @@ def pipeline_stage(read, cfg: ScratchConfig, stage: int, stages: int, dtype: tor
 def stage_forward(model: ScratchLlama, x: torch.Tensor, last_only: bool = False) -> torch.Tensor:
     """One stage's work: token ids `[batch, seq]` into the first stage, its hidden state `[batch, seq, hidden]` into
     the others; out of the last stage come the logits `[batch, seq, vocab]` (the last position's only with last_only),
-    out of the others the hidden state to send on. No KV cache: a prefill."""
-    first, last = model.stage == 0, model.stage == model.stages - 1
-    seq = x.shape[1]
-    cos, sin = model.rope(torch.arange(seq, device=x.device))
-    if first:
-        x = model.embed_tokens(x)  # [batch, seq, hidden]
-    for block in model.layers:
-        x, _ = block(x, cos, sin)
-    if not last:
-        return x
-    if last_only:
-        x = x[:, -1:]
-    return model.lm_head(model.norm(x))
+    out of the others the hidden state to send on (their LM head is an nn.Identity). No KV cache: a prefill."""
+    ids, hidden = (x, None) if model.stage == 0 else (None, x)
+    keep = 1 if last_only and model.stage == model.stages - 1 else 0
+    return model.trace(ids, inputs_embeds=hidden, keep_hidden=False, logits_to_keep=keep).logits
 
 
 def run_stage(model: ScratchLlama, micro_batches: list[torch.Tensor] | int, hidden_shapes: list[tuple],

@@ -62,18 +62,16 @@ class FusedAttention(Attention):
         self.qkv_proj = Projection(w, layout)  # new: one matmul instead of three
         self.o_proj = Projection(plain.o_proj.weight, layout)
 
-    def forward(self, x, cos, sin, cache=None, key_mask=None, return_weights=False):
+    def project(self, x, cos, sin):  # new: the plain forward pass calls this instead of Attention.project
         b, s, _ = x.shape
         d, heads, kv_heads = self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
         qkv = self.qkv_proj(x).view(b, s, heads + 2 * kv_heads, d).transpose(1, 2)  # new: [b, q|k|v heads, s, d]
         qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # new: one rotation for the q and k heads together
-        q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # [b, heads | kv_heads | kv_heads, s, d]
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # all positions so far: [b, kv_heads, past + s, d]
-        out = self.attend(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)  # new: any attention
-        out, weights = out if return_weights else (out, None)
-        out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
-        return self.o_proj(out), weights
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]  # [b, heads | kv_heads | kv_heads, s, d]
+
+    def kernel(self, q, k, v, *, key_mask=None, return_weights=False):  # new: any attention function
+        out = self.attend(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
+        return out if return_weights else (out, None)
 
 
 class FusedRMSNorm(nn.Module):

@@ -144,7 +144,7 @@ def greedy_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_toke
 # --------------------------------------------------------------------------- the fixed-shape step (CUDA graphs)
 
 
-class SlotWriter:
+class SlotWriter(KVCacheInterface):
     """The cache as a fixed-shape step sees it (a KVCacheInterface): the write position is a tensor, `pos`, and
     attention reads every one of the cache's `max_len` slots, the key mask hiding those not written yet.
 

@@ -11,16 +11,13 @@ paged caches of notebook 08 (serve/paged_kv.py) and the fixed slots that a CUDA 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-
 import torch
 
 from .config import attention_layout
 from ..errors import CourseError
 
 
-@runtime_checkable
-class KVCacheInterface(Protocol):
+class KVCacheInterface:
     """What ScratchLlama asks of a cache in one forward pass, wherever the keys and values live.
 
     length: the positions already cached, which the new ones follow (prefill and the speculative verify pass
@@ -31,22 +28,43 @@ class KVCacheInterface(Protocol):
     update(layer, k, v): in each layer, store the new keys and values `[batch, kv_heads, new, head_dim]` and give back
         every key and value attention reads, `[batch, kv_heads, length + new, head_dim]`.
     advance(new): after the last layer, count the new positions as cached.
+
+    Two more have a default here, and a cache that lays its rows out another way replaces them (serve/selective.py
+    and serve/flat_step.py put a whole batch end to end in one row):
+    positions(new, key_mask): the RoPE position of each new token, `[new]` or `[batch, new]`.
+    attend(layer, q, k, v, kernel): where attention meets the cache: store the new k and v, then run `kernel`
+        (the layer's attention, masks included) over what the cache holds. Returns (out, weights or None).
     """
 
-    length: int
+    length: int = 0
+    batch_size: int  # an attribute or a property
 
-    @property
-    def batch_size(self) -> int: ...
+    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        raise NotImplementedError
 
-    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None: ...
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def advance(self, new: int) -> None:
+        raise NotImplementedError
 
-    def advance(self, new: int) -> None: ...
+    def positions(self, new: int, key_mask: torch.Tensor | None, device) -> torch.Tensor:
+        return rope_positions(key_mask, self.length, new, device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
+        return kernel(q, *self.update(layer, k, v))
+
+
+def rope_positions(key_mask: torch.Tensor | None, past: int, new: int, device) -> torch.Tensor:
+    """RoPE positions of `new` tokens after `past`: `[new]`, or `[batch, new]` when left padding shifts them (a
+    token's position is the count of real tokens before it)."""
+    if key_mask is None:
+        return torch.arange(past, past + new, device=device)
+    return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
 
 @dataclass
-class KVCache:
+class KVCache(KVCacheInterface):
     """The contiguous cache (a KVCacheInterface): every sequence reserves `max_len` positions up front."""
 
     keys: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]

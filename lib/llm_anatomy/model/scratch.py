@@ -13,6 +13,7 @@ the inference paths (generate/decode.py) run it under torch.inference_mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from torch import nn
 from .attention import attention, check_attention_path, sdpa_attention
 from .config import ScratchConfig, check_context
 from ..errors import CourseError
-from .kv_cache import KVCache, KVCacheInterface
+from .kv_cache import KVCache, KVCacheInterface, rope_positions
 from ..weights.load import transformers_model
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
@@ -66,27 +67,37 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCacheInterface | None = None, key_mask=None, return_weights=False):
         b, s, _ = x.shape
+        q, k, v = self.project(x, cos, sin)  # [b, heads, s, d], [b, kv_heads, s, d] twice
+        kernel = partial(self.kernel, key_mask=key_mask, return_weights=return_weights)
+        # with a cache, attention goes through it: it stores k and v and runs the kernel over every position it holds
+        out, weights = kernel(q, k, v) if cache is None else cache.attend(self.layer, q, k, v, kernel)
+        out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * self.cfg.head_dim)
+        return self.o_proj(out), weights
+
+    def project(self, x, cos, sin):
+        """q, k, v of the tokens `x` `[b, s, hidden]`, q and k rotated to their positions."""
+        b, s, _ = x.shape
         d = self.cfg.head_dim
         q = self.q_proj(x).view(b, s, self.cfg.num_heads, d).transpose(1, 2)  # [b, heads, s, d]
         k = self.k_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
         v = self.v_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # all positions so far: [b, kv_heads, past + s, d]
-        # Grouped-query attention: each KV head serves n_rep = heads // kv_heads query heads. The plain way, which
-        # transformers' eager attention takes, copies each KV head for its group and then attends head by head:
-        #     n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
-        #     out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))   # k, v: [b, heads, past + s, d]
-        # attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
-        # rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
-        # would triple it here.
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def kernel(self, q, k, v, *, key_mask=None, return_weights=False):
+        """Attention of q over every key and value `[b, kv_heads, k_len, d]`: (out `[b, heads, s, d]`, weights or None).
+
+        Grouped-query attention: each KV head serves n_rep = heads // kv_heads query heads. The plain way, which
+        transformers' eager attention takes, copies each KV head for its group and then attends head by head:
+            n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
+            out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))   # k, v: [b, heads, past + s, d]
+        attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
+        rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
+        would triple it here.
+        """
         if self.path == "sdpa" and not return_weights:  # the fused kernel keeps no weights to return
-            out, weights = sdpa_attention(q, k, v, causal=True, key_mask=key_mask), None
-        else:
-            out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
-            out, weights = out if return_weights else (out, None)
-        out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * d)
-        return self.o_proj(out), weights
+            return sdpa_attention(q, k, v, causal=True, key_mask=key_mask), None
+        out = attention(q, k, v, causal=True, key_mask=key_mask, return_weights=return_weights)
+        return out if return_weights else (out, None)
 
 
 class Block(nn.Module):
@@ -170,11 +181,11 @@ class ScratchLlama(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.layers[0].input_layernorm.weight.device  # every block has one (a pipeline stage no embedding)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.layers[0].input_layernorm.weight.dtype
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """An empty KV cache for this model (max_len defaults to the model's context length)."""
@@ -191,19 +202,27 @@ class ScratchLlama(nn.Module):
         """
         return self.trace(input_ids, cache, attention_mask, keep_hidden=False, logits_to_keep=logits_to_keep).logits
 
-    def trace(self, input_ids: torch.Tensor, cache: KVCacheInterface | None = None,
-              attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True,
-              attention_layers=(), logits_to_keep: int = 0, check_range: bool = True) -> ScratchOutput:
+    def trace(self, input_ids: torch.Tensor | None, cache: KVCacheInterface | None = None,
+              attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True, attention_layers=(),
+              logits_to_keep: int | torch.Tensor = 0, check_range: bool = True,
+              inputs_embeds: torch.Tensor | None = None) -> ScratchOutput:
         """Run the model and keep what the notebooks look at.
 
         attention_mask: optional `[batch, past + seq]` of 1 (token) and 0 (left padding), as in transformers.
         keep_hidden: keep the residual stream `[batch, seq, hidden]` before the first block and after each.
         attention_layers: layers whose attention weights to keep (computing them costs memory).
+        logits_to_keep: as in forward(), or a tensor of positions `[n]`: the logits at those positions only.
         check_range: False skips reading the ids back to check that they are in the vocabulary; the fixed-shape
             decode step feeds only ids the model chose itself, and a read back to the host would break its CUDA graph.
+        inputs_embeds: the residual stream `[batch, seq, hidden]` to start from instead of input_ids (give None as
+            input_ids), as in transformers: a pipeline stage after the first gets its stage's input this way.
         """
-        self._check_ids(input_ids, check_range)
-        b, s = input_ids.shape
+        if inputs_embeds is None:
+            self._check_ids(input_ids, check_range)
+        elif input_ids is not None or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.cfg.hidden_size:
+            raise CourseError(f"Give input_ids or inputs_embeds [batch, seq, {self.cfg.hidden_size}], not both.")
+        start = input_ids if inputs_embeds is None else inputs_embeds
+        b, s = start.shape[:2]
         past = cache.length if cache is not None else 0
         check_context(past + s, self.cfg.max_position_embeddings)
         if cache is not None and cache.batch_size != b:
@@ -212,11 +231,15 @@ class ScratchLlama(nn.Module):
             raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
                               f"not {tuple(attention_mask.shape)}.")
         if attention_mask is not None:
-            attention_mask = attention_mask.to(input_ids.device)  # a mask made on the CPU for ids on a GPU
-        key_mask = cache.key_mask(s, attention_mask) if cache is not None else (  # a cache keeps track of padding
-            None if attention_mask is None else attention_mask.bool())
-        cos, sin = self.rope(self._positions(key_mask, past, s, input_ids.device))
-        x = self.embed_tokens(input_ids)  # [b, s, hidden]
+            attention_mask = attention_mask.to(start.device)  # a mask made on the CPU for ids on a GPU
+        if cache is None:
+            key_mask = None if attention_mask is None else attention_mask.bool()
+            positions = rope_positions(key_mask, 0, s, start.device)
+        else:  # a cache keeps track of padding, and knows where its rows' tokens sit
+            key_mask = cache.key_mask(s, attention_mask)
+            positions = cache.positions(s, key_mask, start.device)
+        cos, sin = self.rope(positions)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [b, s, hidden]
         out = ScratchOutput(logits=x)
         wanted = set(attention_layers)
         if keep_hidden:
@@ -229,7 +252,9 @@ class ScratchLlama(nn.Module):
                 out.hidden_states.append(x)
         if cache is not None:
             cache.advance(s)
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):
+            x = x[:, logits_to_keep]  # [b, n, hidden]: the positions asked for
+        elif logits_to_keep:
             x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
         out.logits = self.lm_head(self.norm(x))
         return out
@@ -244,13 +269,6 @@ class ScratchLlama(nn.Module):
             self._inv_freq = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta).to(positions.device)
         return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=self.dtype,
                             inv_freq=self._inv_freq)
-
-    @staticmethod
-    def _positions(key_mask: torch.Tensor | None, past: int, s: int, device) -> torch.Tensor:
-        """RoPE positions of the `s` new tokens: `[s]`, or `[batch, s]` when left padding shifts them."""
-        if key_mask is None:
-            return torch.arange(past, past + s, device=device)
-        return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
     def _check_ids(self, input_ids: torch.Tensor, check_range: bool = True) -> None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:

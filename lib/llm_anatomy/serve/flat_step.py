@@ -14,7 +14,10 @@ new tokens (1 for a decode, a chunk for a prompt), become ONE pass:
         a prompt chunk: its own cached + new positions, causal within the chunk (its blocks, its length only)
     LM head on each row's last new token only           [rows, vocab]     what the scheduler picks from
 
-The logits equal the padded view's to float rounding (tests/serve/test_flat_step.py).
+None of this is a second forward pass: `FlatPagedBatch` is one more cache (a KVCacheInterface), and the model's own
+trace runs the step. The cache lays the rows end to end (selective.FlatBatch), writes K and V through the pool's
+one writer and reads a prompt chunk's keys through its one reader (paged_kv.RaggedPagedView); a decode row's blocks
+are read in place. The logits equal the padded view's to float rounding (tests/serve/test_flat_step.py).
 """
 
 from __future__ import annotations
@@ -22,11 +25,41 @@ from __future__ import annotations
 import torch
 
 from ..errors import CourseError
-from ..model.attention import attention, sdpa_attention
 from ..model.config import check_context
-from ..model.rope import apply_rope
 from .paged_attention import paged_decode_attention
-from .paged_kv import PagedKVPool, blocks_for, slot_mapping
+from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
+from .selective import FlatBatch
+
+
+class FlatPagedBatch(FlatBatch):
+    """One iteration's rows end to end (FlatBatch), their K and V kept in the paged pool.
+
+    tables[i]: row i's block table, with room for its new positions; cached[i]: its positions already in the pool;
+    news[i]: its new tokens (1 for a decode, a chunk for a prompt).
+    """
+
+    def __init__(self, pool: PagedKVPool, tables: list[list[int]], cached: list[int], news: list[int]):
+        device = pool.keys[0].device
+        super().__init__(news, cached, device)
+        self.pool, self.tables = pool, tables
+        self.view = RaggedPagedView(pool, tables, cached, news)  # its writes are the stream's tokens, in order
+        self.decoders = [i for i, n in enumerate(news) if n == 1]
+        self.at = torch.tensor([self.spans[i][0] for i in self.decoders], device=device)  # their token in the stream
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
+        """q `[1, heads, total, d]`, k and v `[1, kv_heads, total, d]`: written by slot, then each row attends."""
+        self.view.write(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [total, kv_heads, d] into the pool
+        out = torch.empty_like(q)  # [1, heads, total, d]
+        if self.decoders:  # one query each, the blocks read where they lie
+            rows = q[0][:, self.at].transpose(0, 1)[:, :, None]  # [decoders, heads, 1, d]
+            ends = [self.view.ends[i] for i in self.decoders]
+            read = paged_decode_attention(rows, self.pool.keys[layer], self.pool.values[layer],
+                                          [self.tables[i] for i in self.decoders], ends)  # [decoders, heads, 1, d]
+            out[0][:, self.at] = read[:, :, 0].transpose(0, 1)
+        for i, (a, b) in enumerate(self.spans):
+            if b - a > 1:  # a prompt chunk: its cached and new keys, gathered from its blocks
+                out[:, :, a:b] = kernel(q[:, :, a:b], *self.view.read(layer, row=i))[0]
+        return out, None
 
 
 def _check(pool: PagedKVPool, tables, cached, new_tokens, vocab: int) -> None:
@@ -54,45 +87,9 @@ def flat_step(model, pool: PagedKVPool, tables: list[list[int]], cached: list[in
     new_tokens[i]: its new token ids (1 for a decode, a chunk for a prompt). Their K and V are written into the pool.
     """
     _check(pool, tables, cached, new_tokens, model.cfg.vocab_size)
-    cfg, device, size, d = model.cfg, model.device, pool.block_size, model.cfg.head_dim
-    lengths = [past + len(new) for past, new in zip(cached, new_tokens)]
-    for n in lengths:
-        check_context(n, cfg.max_position_embeddings)
-    ends = torch.tensor([len(new) for new in new_tokens]).cumsum(0).tolist()
-    spans = list(zip([0] + ends[:-1], ends))  # each row's stretch of the stream
-    ids = torch.tensor([t for new in new_tokens for t in new], device=device)  # [total]
-    positions = torch.cat([torch.arange(past, n, device=device) for past, n in zip(cached, lengths)])  # [total]
-    row_of = torch.cat([torch.full((b - a,), i, device=device) for i, (a, b) in enumerate(spans)])  # [total]
-    width = max(len(t) for t in tables)
-    table = torch.tensor([t + t[:1] * (width - len(t)) for t in tables], device=device)  # [rows, blocks]
-    flat = slot_mapping(table[row_of], positions[:, None], size)[:, 0]  # [total] each token's slot in the pool
-    write_blocks, write_slots = flat // size, flat % size  # [total] each
-    decoders = [i for i, new in enumerate(new_tokens) if len(new) == 1]
-    at = torch.tensor([spans[i][0] for i in decoders], device=device)  # [decoders] their token in the stream
-    cos, sin = model.rope(positions)  # [total, head_dim] each
-    total = len(ids)
-    x = model.embed_tokens(ids)  # [total, hidden]
-    for layer, block in enumerate(model.layers):
-        attn, keys, values = block.self_attn, pool.keys[layer], pool.values[layer]
-        h = block.input_layernorm(x)
-        q = attn.q_proj(h).view(total, cfg.num_heads, d).transpose(0, 1)[None]  # [1, heads, total, d]
-        k = attn.k_proj(h).view(total, cfg.num_kv_heads, d).transpose(0, 1)[None]  # [1, kv_heads, total, d]
-        v = attn.v_proj(h).view(total, cfg.num_kv_heads, d)  # [total, kv_heads, d]
-        q, k = apply_rope(q, cos, sin)[0].transpose(0, 1), apply_rope(k, cos, sin)[0].transpose(0, 1)  # [total, ., d]
-        keys[write_blocks, :, write_slots], values[write_blocks, :, write_slots] = k, v  # by slot mapping
-        out = torch.empty_like(q)  # [total, heads, d]
-        if decoders:  # one query each, the blocks read where they lie
-            out[at] = paged_decode_attention(q[at][:, :, None], keys, values, [tables[i] for i in decoders],
-                                             [lengths[i] for i in decoders])[:, :, 0]
-        for i, (a, b) in enumerate(spans):
-            if b - a == 1:
-                continue
-            flat_row = slot_mapping(table[i:i + 1], torch.arange(lengths[i], device=device)[None], size)[0]
-            k_row = keys[flat_row // size, :, flat_row % size].transpose(0, 1)[None]  # [1, kv_heads, length, d]
-            v_row = values[flat_row // size, :, flat_row % size].transpose(0, 1)[None]
-            attend = sdpa_attention if attn.path == "sdpa" else attention
-            out[a:b] = attend(q[a:b].transpose(0, 1)[None], k_row, v_row, causal=True)[0].transpose(0, 1)
-        x = x + attn.o_proj(out.reshape(total, cfg.num_heads * d))
-        x = x + block.mlp(block.post_attention_layernorm(x))
-    last = torch.tensor([b - 1 for _, b in spans], device=device)  # [rows] each row's last new token
-    return model.lm_head(model.norm(x[last]))  # [rows, vocab]
+    for past, new in zip(cached, new_tokens):
+        check_context(past + len(new), model.cfg.max_position_embeddings)
+    batch = FlatPagedBatch(pool, tables, cached, [len(new) for new in new_tokens])
+    ids = torch.tensor([[t for new in new_tokens for t in new]], device=model.device)  # [1, total]
+    out = model.trace(ids, batch, keep_hidden=False, logits_to_keep=batch.last, check_range=False)
+    return out.logits[0]  # [rows, vocab]

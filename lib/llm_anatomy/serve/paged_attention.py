@@ -73,10 +73,9 @@ def gather_then_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     rectangle padded to the longest row (RaggedPagedView's own gather), then SDPA with the padding mask.
     Returns [rows, heads, 1, head_dim]."""
     _check(q, keys, tables, lengths)
-    layer = SimpleNamespace(keys=[keys], block_size=keys.shape[2])  # the one layer the view reads
+    layer = SimpleNamespace(keys=[keys], values=[values], block_size=keys.shape[2])  # the one layer the view reads
     view = RaggedPagedView(layer, tables, [n - 1 for n in lengths], [1] * len(lengths))  # the newest just written
-    k = keys[view.block_ids, :, view.slots].transpose(1, 2)  # [rows, kv_heads, width, d]: the copy
-    v = values[view.block_ids, :, view.slots].transpose(1, 2)
+    k, v = view.read(0)  # [rows, kv_heads, width, d] each: the copy
     return sdpa_attention(q, k, v, causal=False, key_mask=view.mask)  # each row's one query is its newest position
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CourseError
+from ..model.kv_cache import KVCacheInterface
 
 
 def blocks_for(positions: int, block_size: int) -> int:
@@ -146,20 +147,22 @@ class PagedKVPool:
         return PagedSequenceCache(self, batch_size)
 
 
-class RaggedPagedView:
+class RaggedPagedView(KVCacheInterface):
     """One model call over rows of different lengths in a PagedKVPool: the cache interface ScratchLlama expects.
 
     Row i has `lengths[i]` positions cached in the blocks of `tables[i]` (room for the new ones too) and adds
     `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle: the key mask hides each
     row's front padding, per-row RoPE positions put every token at its own position, and a row with fewer new tokens
     than the widest is fed pad tokens first (their queries ignored, their keys replaced by the row's cached ones).
-    update() writes the new K and V into the blocks and gathers every row's keys and values back (block_ids, slots).
+    update() writes the new K and V into the blocks (write) and gathers every row's keys and values back (read):
+    the pool's one writer and one reader, which the flattened step (flat_step.py) uses too.
     """
 
     def __init__(self, pool: PagedKVPool, tables: list[list[int]], lengths: list[int], news: list[int]):
         self.pool, self.batch_size = pool, len(tables)
         device, size = pool.keys[0].device, pool.block_size
         news_t = torch.tensor(news, device=device)  # [rows]
+        self.ends = [a + b for a, b in zip(lengths, news)]  # each row's positions after this call
         ends = torch.tensor([a + b for a, b in zip(lengths, news)], device=device)  # [rows]
         width, self.new = int(ends.max()), max(news)
         self.length = width - self.new  # "past" positions of the rectangle, as the model sees it
@@ -183,18 +186,31 @@ class RaggedPagedView:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` `[rows, kv_heads, new, head_dim]`; return every position `[rows, kv_heads, width, d]`."""
+        rows, cols = self.write_rows, self.write_cols
+        self.write(layer, k.transpose(1, 2)[rows, cols], v.transpose(1, 2)[rows, cols])
+        return self.read(layer)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the real new tokens' `k`, `v` `[written, kv_heads, head_dim]`, row by row in order, in their slots."""
         keys, values = self.pool.keys[layer], self.pool.values[layer]  # [blocks, kv_heads, block_size, d]
-        rows, cols, blocks, slots = self.write_rows, self.write_cols, self.write_blocks, self.write_slots
-        keys[blocks, :, slots], values[blocks, :, slots] = k.transpose(1, 2)[rows, cols], v.transpose(1, 2)[rows, cols]
+        keys[self.write_blocks, :, self.write_slots], values[self.write_blocks, :, self.write_slots] = k, v
+
+    def read(self, layer: int, row: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's keys and values gathered from its blocks, `[rows, kv_heads, width, head_dim]` (padding in front
+        of the shorter rows); or one row's own positions only, `[1, kv_heads, its length, head_dim]`."""
+        blocks, slots = self.block_ids, self.slots  # [rows, width] each
+        if row is not None:
+            start = blocks.shape[1] - self.ends[row]  # right-aligned: the row's positions are its last columns
+            blocks, slots = blocks[row:row + 1, start:], slots[row:row + 1, start:]
         # contiguous(): the same memory layout as KVCache's tensor, so attention adds in the same order
-        return (keys[self.block_ids, :, self.slots].transpose(1, 2).contiguous(),
-                values[self.block_ids, :, self.slots].transpose(1, 2).contiguous())
+        return (self.pool.keys[layer][blocks, :, slots].transpose(1, 2).contiguous(),
+                self.pool.values[layer][blocks, :, slots].transpose(1, 2).contiguous())
 
     def advance(self, new: int) -> None:
         """Nothing to do: whoever made the view counts each row's positions."""
 
 
-class PagedSequenceCache:
+class PagedSequenceCache(KVCacheInterface):
     """One batch of sequences in a PagedKVPool: a KVCacheInterface (model/kv_cache.py), as ScratchLlama expects.
 
     Kept simple: every sequence has the same `length` (ScratchLlama has one position counter for the batch) and

@@ -14,36 +14,58 @@ from __future__ import annotations
 import torch
 
 from ..errors import CourseError
-from ..model.attention import attention
-from ..model.rope import apply_rope
+from ..model.kv_cache import KVCacheInterface
 
 
+class FlatBatch(KVCacheInterface):
+    """Rows of new tokens laid end to end as one sequence `[1, total]`, as the model's one forward pass sees it.
+
+    news[i]: row i's new tokens; cached[i]: the positions it has before them (0 for a prompt, nothing stored here).
+    The model runs every layer but attention on the whole stream; `attend` splits it by row: each row's queries see
+    only its own keys, causal within the row. Its tokens sit at their own positions (cached + i) for RoPE.
+    """
+
+    length, batch_size = 0, 1  # to the model: one row, nothing before it
+
+    def __init__(self, news: list[int], cached: list[int] | None = None, device=None):
+        cached = cached or [0] * len(news)
+        ends = torch.tensor(news).cumsum(0).tolist()
+        self.spans = list(zip([0] + ends[:-1], ends))  # each row's stretch of the stream
+        self.token_positions = torch.cat([torch.arange(past, past + n, device=device)
+                                          for past, n in zip(cached, news)])  # [total]
+        self.last = torch.tensor([b - 1 for _, b in self.spans], device=device)  # [rows] each row's last token
+
+    def key_mask(self, new: int, attention_mask=None) -> None:
+        if attention_mask is not None:
+            raise CourseError("A flattened batch has no padding: give no attention_mask.")
+        return None
+
+    def positions(self, new: int, key_mask, device) -> torch.Tensor:
+        return self.token_positions
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        return k, v  # nothing is kept
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
+        """q `[1, heads, total, d]`, k and v `[1, kv_heads, total, d]`: each row's own stretch only."""
+        out = torch.cat([kernel(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])[0] for a, b in self.spans], dim=2)
+        return out, None  # [1, heads, total, d]
+
+    def advance(self, new: int) -> None:
+        """Nothing to count: whoever made the batch keeps each row's length."""
+
+
+@torch.inference_mode()
 def flattened_prefill(model, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Logits `[len(prompt), vocab]` of each prompt, all prompts' tokens in one `[total_tokens, hidden]` pass through
-    every layer but attention, which runs per request over its own stretch of the stream (causal, nothing cached)."""
+    every layer but attention, which runs per request over its own stretch of the stream (causal, nothing cached).
+    It is the model's own forward pass: the flattening is all in FlatBatch."""
     if not prompts or not all(prompts):
         raise CourseError("Give at least one prompt, each at least one token id.")
-    cfg, device = model.cfg, model.device
-    ids = torch.tensor([t for p in prompts for t in p], device=device)  # [total]
-    ends = torch.tensor([len(p) for p in prompts]).cumsum(0).tolist()
-    spans = list(zip([0] + ends[:-1], ends))  # each request's stretch of the stream
-    positions = torch.cat([torch.arange(len(p), device=device) for p in prompts])  # [total] each row's own positions
-    cos, sin = model.rope(positions)  # [total, head_dim] each
-    total, d = len(ids), cfg.head_dim
-    x = model.embed_tokens(ids)  # [total, hidden]
-    for block in model.layers:
-        layer = block.self_attn
-        h = block.input_layernorm(x)
-        q = layer.q_proj(h).view(total, cfg.num_heads, d).transpose(0, 1)[None]  # [1, heads, total, d]
-        k = layer.k_proj(h).view(total, cfg.num_kv_heads, d).transpose(0, 1)[None]  # [1, kv_heads, total, d]
-        v = layer.v_proj(h).view(total, cfg.num_kv_heads, d).transpose(0, 1)[None]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = torch.cat([attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal=True)  # per request only
-                         for a, b in spans], dim=2)  # [1, heads, total, d]
-        x = x + layer.o_proj(out[0].transpose(0, 1).reshape(total, cfg.num_heads * d))
-        x = x + block.mlp(block.post_attention_layernorm(x))
-    logits = model.lm_head(model.norm(x))  # [total, vocab]
-    return [logits[a:b] for a, b in spans]
+    ids = torch.tensor([[t for p in prompts for t in p]], device=model.device)  # [1, total]
+    batch = FlatBatch([len(p) for p in prompts], device=model.device)
+    logits = model.trace(ids, batch, keep_hidden=False).logits[0]  # [total, vocab]
+    return [logits[a:b] for a, b in batch.spans]
 
 
 def padded_tokens(prompts: list[list[int]]) -> int:
