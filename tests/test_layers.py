@@ -7,8 +7,10 @@ import is still a dependency), so these tests fail the moment someone adds an ar
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -176,10 +178,35 @@ def test_one_token_label():
         assert not drawn, f"{name} draws whitespace itself ({drawn}): use llm_anatomy.views.labels.token_label"
 
 
+CODE_LINES = 250  # a file's code, not its prose: docstrings, comments and blank lines are free
+
+
+def code_lines(text: str) -> int:
+    """Lines that hold code: not blank, not only a comment, not part of a docstring (module, class or function)."""
+    tree = ast.parse(text)
+    prose = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                prose.update(range(first.lineno, first.end_lineno + 1))
+    code = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type not in skip:
+            code.update(range(token.start[0], token.end[0] + 1))
+    return len(code - prose)
+
+
+def test_code_lines_leave_out_prose():
+    text = '"""Module.\n\nMore."""\n\n# a comment\ndef f(x):\n    """Doc."""\n    return (x +  # why\n            1)\n'
+    assert code_lines(text) == 3  # def, return, and the continued line
+
+
 def test_files_are_short_enough_to_read_at_one_sitting():
     files = list(modules().values()) + sorted((ROOT / "tools").rglob("*.py"))  # the package, and the site builder
-    long = {str(path.relative_to(ROOT)): n for path in files if (n := len(path.read_text().splitlines())) > 300}
-    assert not long, f"over 300 lines (split by concept, or move what is not the file's lesson): {long}"
+    long = {str(path.relative_to(ROOT)): n for path in files if (n := code_lines(path.read_text())) > CODE_LINES}
+    assert not long, f"over {CODE_LINES} lines of code (split by concept, or move what is not the file's lesson): {long}"
 
 
 def test_no_two_test_files_share_a_name():
@@ -189,3 +216,62 @@ def test_no_two_test_files_share_a_name():
     for path in tests.rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(tests)))
     assert not {name: paths for name, paths in names.items() if len(paths) > 1}
+
+
+# The model's parts, called one after another, are a forward pass. Only these modules may call them: the model itself,
+# the one block variant of the ablations (a block without its residual), and the logit lens (the head on the stream).
+# A flattened batch, a paged step or a pipeline stage is a cache or a model with parts swapped, not a second loop.
+FORWARD_PARTS = {"embed_tokens", "input_layernorm", "self_attn", "post_attention_layernorm", "mlp", "lm_head"}
+FORWARD_HOMES = {"llm_anatomy.model.scratch", "llm_anatomy.model.ablations", "llm_anatomy.model.logit_lens"}
+
+
+def _part_calls(tree) -> list[str]:
+    return [node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr in FORWARD_PARTS]
+
+
+def _pool_reads(tree) -> list[str]:
+    """Subscripts `t[blocks, :, slots]`: a paged pool's layer read or written through a block table."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple) and len(node.slice.elts) == 3:
+            first, middle, last = node.slice.elts
+            whole = isinstance(middle, ast.Slice) and middle.lower is None and middle.upper is None
+            if whole and not any(isinstance(e, (ast.Slice, ast.Constant)) for e in (first, last)):  # t[row, :, 0]
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_one_forward_pass():
+    """serve/flat_step.py, serve/selective.py and distributed/pipeline.py once wrote the layer loop out again."""
+    for name, path in modules().items():
+        if name in FORWARD_HOMES or name.startswith("llm_anatomy.exercises"):  # a check's mistake models are its own
+            continue
+        calls = _part_calls(ast.parse(path.read_text()))
+        assert not calls, f"{name} calls the model's parts itself ({sorted(set(calls))}): run the model's forward pass"
+
+
+def test_one_paged_reader():
+    """Only paged_kv.py reads or writes a pool through block ids and slots (RaggedPagedView.read and .write);
+    paged_attention.py's kernel reads whole blocks where they lie (keys[block, :, :fill])."""
+    for name, path in modules().items():
+        if name == "llm_anatomy.serve.paged_kv":
+            assert len(_pool_reads(ast.parse(path.read_text()))) >= 2, "the reader and the writer"
+            continue
+        reads = _pool_reads(ast.parse(path.read_text()))
+        assert not reads, f"{name} reads the paged pool itself ({reads}): use paged_kv.RaggedPagedView"
+
+
+def test_the_forward_and_reader_rules_see_a_rewritten_loop():
+    loop = ast.parse("for block in model.layers:\n    x = x + block.mlp(block.post_attention_layernorm(x))\n"
+                     "keys[write_blocks, :, write_slots] = k\n")
+    assert _part_calls(loop) == ["mlp", "post_attention_layernorm"]
+    assert _pool_reads(loop) == ["keys[write_blocks, :, write_slots]"]
+
+
+def test_one_table_of_number_formats():
+    """The short names of the number formats map to torch dtypes in device.py only (DTYPES, dtype_named)."""
+    for name, path in modules().items():
+        if name != "llm_anatomy.device":
+            assert not re.search(r"""["']bf16["']\s*:\s*torch\.bfloat16|torch\.bfloat16\s*:\s*["']bf16""",
+                                 path.read_text()), f"{name} has its own table of number formats: use device.DTYPES"
