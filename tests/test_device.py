@@ -150,3 +150,13 @@ def test_no_policy_on_a_gpu_and_no_bad_pin(policy):
         with pytest.raises(CourseError, match="at least 1 thread"):
             dev.pin_cpu_threads(bad)
     assert torch.get_num_threads() == before
+
+
+def test_one_table_of_number_formats():
+    from llm_anatomy.device import DTYPES, dtype_name, dtype_named
+
+    assert dtype_named("bf16") is torch.bfloat16 and dtype_name(torch.float16) == "fp16"
+    assert dtype_name(torch.int8) == "int8"  # not in the table: torch's own name
+    assert all(dtype_name(dtype_named(name)) == name for name in DTYPES)
+    with pytest.raises(CourseError, match=r"Unknown number format 'fp12': choose one of bf16, fp16, fp32, fp8\."):
+        dtype_named("fp12")

@@ -56,6 +56,23 @@ def native_bf16(device: torch.device) -> bool:
         return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+# The number formats by the short names the course and its benchmarks use: the one table of them.
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+                                  "fp8": torch.float8_e4m3fn}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    """The torch dtype of a short name ("bf16", "fp16", "fp32", "fp8"), or one clear CourseError."""
+    if name not in DTYPES:
+        raise CourseError(f"Unknown number format {name!r}: choose one of {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name of a dtype ("bf16" for torch.bfloat16), or torch's own name for one not in DTYPES."""
+    return next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """fp32 on the CPU (exact, and fast enough); bf16 on GPUs with native bf16, else fp16."""
     if device.type == "cuda":

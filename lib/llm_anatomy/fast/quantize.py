@@ -22,6 +22,7 @@ import contextlib
 import torch
 from torch import nn
 
+from ..device import dtype_named
 from ..errors import CourseError
 from ..weights.load import transformers_model
 
@@ -116,9 +117,8 @@ def weight_bytes_per_token(model, fmt: str, group_size: int = 32, head_fmt: str 
 
 def fake_quantize(w: torch.Tensor, fmt: str, group_size: int = 32) -> torch.Tensor:
     """`w` after a quantize -> dequantize round trip in fmt (fp32, fp16, bf16, int8, int4); same shape and dtype."""
-    floats = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    if fmt in floats:
-        return w.detach().to(floats[fmt]).to(w.dtype)
+    if fmt in ("fp32", "fp16", "bf16"):
+        return w.detach().to(dtype_named(fmt)).to(w.dtype)
     if fmt == "int8":
         return dequantize_int8(*quantize_int8_per_channel(w)).to(w.dtype)
     if fmt == "int4":

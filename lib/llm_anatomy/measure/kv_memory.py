@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device import DTYPES, dtype_named  # noqa: F401  (DTYPES: the calculator's choices)
 from ..errors import CourseError
 from ..model.kv_cache import kv_bytes
 
@@ -43,14 +44,37 @@ class ModelShape:
         return kv_bytes(self.layers, self.kv_heads, self.head_dim, bytes_per_element)
 
 
-# Published configs (the models' config.json files on the Hugging Face hub).
-FAMOUS_MODELS: dict[str, ModelShape] = {m.name: m for m in [
-    ModelShape("SmolLM2-135M", "GQA", layers=30, hidden_size=576, heads=9, kv_heads=3, parameters=134.5e6),
-    ModelShape("Llama-2-7B", "MHA", layers=32, hidden_size=4096, heads=32, kv_heads=32, parameters=6.74e9),
-    ModelShape("Llama-3-8B", "GQA", layers=32, hidden_size=4096, heads=32, kv_heads=8, parameters=8.03e9),
-    ModelShape("Falcon-7B", "MQA", layers=32, hidden_size=4544, heads=71, kv_heads=1, parameters=7.22e9),
-    ModelShape("Llama-2-70B", "GQA", layers=80, hidden_size=8192, heads=64, kv_heads=8, parameters=69.0e9),
-]}
+def _pattern(layers: int, every: int) -> list[str]:
+    """Local layers with a global one every `every` layers (the last of each group)."""
+    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+
+
+# The one table of published models: the fields of their config.json files (their pages on the Hugging Face hub) that
+# set the cache. The calculator's models also have a parameter count (for the memory the weights take).
+LAYOUT_CONFIGS: dict[str, dict] = {
+    "SmolLM2-135M": dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576),
+    "Llama-2-7B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096),
+    "Llama-3-8B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096),
+    "Falcon-7B": dict(num_hidden_layers=32, num_attention_heads=71, num_key_value_heads=1, hidden_size=4544),
+    "Llama-2-70B": dict(num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, hidden_size=8192),
+    "DeepSeek-V3": dict(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, hidden_size=7168,
+                        kv_lora_rank=512, qk_rope_head_dim=64),
+    "Mistral-7B-v0.1": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
+                            sliding_window=4096),
+    "Gemma-2-9B": dict(num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, hidden_size=3584,
+                       head_dim=256, sliding_window=4096, layer_types=_pattern(42, 2)),
+    "Gemma-3-27B": dict(num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, hidden_size=5376,
+                        head_dim=128, sliding_window=1024, layer_types=_pattern(62, 6)),
+}
+PARAMETERS = {"SmolLM2-135M": 134.5e6, "Llama-2-7B": 6.74e9, "Llama-3-8B": 8.03e9, "Falcon-7B": 7.22e9,
+              "Llama-2-70B": 69.0e9}
+
+
+def _shape(name: str) -> ModelShape:
+    c = LAYOUT_CONFIGS[name]
+    return ModelShape(name, layout_name(c), layers=c["num_hidden_layers"], hidden_size=c["hidden_size"],
+                      heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], parameters=PARAMETERS[name])
+
 
 # GPU memory, GiB: the label says "GB", and the card holds about that many GiB (a little less is usable).
 GPU_MEMORY_GIB: dict[str, float] = {
@@ -58,8 +82,6 @@ GPU_MEMORY_GIB: dict[str, float] = {
     "H100 (80 GB)": 80, "H200 (141 GB)": 141,
 }
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                                  "fp8": torch.float8_e4m3fn}
 
 MAX_LENGTH = 10_000_000  # tokens: beyond any model's context today
 MAX_USERS = 1_000_000
@@ -75,9 +97,7 @@ def model_shape(name: str) -> ModelShape:
 def bytes_per_element(dtype: str | torch.dtype) -> int:
     """Bytes of one number: 2 for 'bf16'/'fp16', 4 for 'fp32', 1 for 'fp8'."""
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise CourseError(f"Unknown number format {dtype!r}: choose one of {', '.join(DTYPES)}.")
-        dtype = DTYPES[dtype]
+        dtype = dtype_named(dtype)
     return torch.tensor([], dtype=dtype).element_size()
 
 
@@ -196,22 +216,4 @@ def kv_cache_bytes_from_config(config: dict, context: int, bytes_per_element: in
     return 2 * kv * head_dim * bytes_per_element * held
 
 
-def _pattern(layers: int, every: int) -> list[str]:
-    """Local layers with a global one every `every` layers (the last of each group)."""
-    return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
-
-
-# The fields of published config.json files that set the cache (the models' pages on the Hugging Face hub).
-LAYOUT_CONFIGS: dict[str, dict] = {
-    "Llama-2-7B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096),
-    "Llama-3-8B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096),
-    "Falcon-7B": dict(num_hidden_layers=32, num_attention_heads=71, num_key_value_heads=1, hidden_size=4544),
-    "DeepSeek-V3": dict(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, hidden_size=7168,
-                        kv_lora_rank=512, qk_rope_head_dim=64),
-    "Mistral-7B-v0.1": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
-                            sliding_window=4096),
-    "Gemma-2-9B": dict(num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8, hidden_size=3584,
-                       head_dim=256, sliding_window=4096, layer_types=_pattern(42, 2)),
-    "Gemma-3-27B": dict(num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, hidden_size=5376,
-                        head_dim=128, sliding_window=1024, layer_types=_pattern(62, 6)),
-}
+FAMOUS_MODELS: dict[str, ModelShape] = {name: _shape(name) for name in PARAMETERS}  # the calculator's

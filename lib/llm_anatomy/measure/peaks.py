@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device import describe_device
+from ..device import describe_device, dtype_name
 from ..errors import CourseError
 from .timing import time_it
 
@@ -52,11 +52,6 @@ class Peaks:
     def ridge_intensity(self) -> float:
         """FLOP per byte where the two roofs meet: below it, memory sets the speed."""
         return self.flops_per_s / self.bytes_per_s
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(
-        dtype, str(dtype).removeprefix("torch."))
 
 
 def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
@@ -126,9 +121,9 @@ def measure_peaks(device: torch.device | str = "cpu", dtype: torch.dtype | None 
     by_method = {m: measure_bandwidth(device, nbytes, method=m) for m in BANDWIDTH_METHODS}
     best = max(by_method, key=by_method.get)
     name = describe_device(device)
-    how = (f"{size}x{size} {_dtype_name(dtype)} matmul; best of read (sum), copy and triad over "
+    how = (f"{size}x{size} {dtype_name(dtype)} matmul; best of read (sum), copy and triad over "
            f"{nbytes / 2**20:.0f} MiB buffers ({best} was best)")
-    return Peaks(name, _dtype_name(dtype), flops, by_method[best], how, published_peaks(name) if cuda else None,
+    return Peaks(name, dtype_name(dtype), flops, by_method[best], how, published_peaks(name) if cuda else None,
                  by_method)
 
 

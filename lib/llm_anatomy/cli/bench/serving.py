@@ -31,6 +31,7 @@ import statistics
 import numpy as np
 import torch
 
+from ...device import dtype_named
 from . import parser, progress, report, set_threads
 
 LOAD = 0.7  # the headline trace's arrival rate, as a fraction of the continuous engine's capacity
@@ -105,7 +106,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     from ...model.scratch import ScratchLlama
 
     dev = pick_device(device)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = dtype_named(dtype)
     sizes = _sizes(dev, quick)
     log(f"loading the {model_size} model on {dev.type} in {dtype} ...")
     if model_size == "default":
