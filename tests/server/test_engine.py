@@ -41,12 +41,16 @@ def test_tokens_are_stamped_on_the_wall_clock_when_they_come_out(scratch_tiny):
     # the scheduler's own clock advances by its model calls only (a few ms here); the server's is the wall clock
     from llm_anatomy.serve.batching import Request
     from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.server.scheduler import WallClockScheduler
+    from llm_anatomy.serve.scheduler import ContinuousScheduler
 
-    sched = WallClockScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 16, 4), 2, None, clock=lambda: 100.0)
+    pool = PagedKVPool.for_model(scratch_tiny, 16, 4)
+    sched = ContinuousScheduler(scratch_tiny, pool, 2, None, clock=lambda: 100.0)  # the clock is injected
     done = sched.run([Request([1, 2, 3, 4, 5], 3)])[0]
     assert len(done.token_times) == 3 and all(t >= 100.0 for t in done.token_times)
     assert done.ttft_s >= 100.0  # arrival 0 on the engine's clock, first token when the step gave it out
+    plain = ContinuousScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 16, 4), 2, None)
+    again = plain.run([Request([1, 2, 3, 4, 5], 3)])[0]  # no clock: the model calls' own time only
+    assert again.output == done.output and all(t < 100.0 for t in again.token_times)
 
 
 def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_tiny, reference_tokenizer):
@@ -85,11 +89,11 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
     from llm_anatomy.generate.penalties import Penalties
     from llm_anatomy.serve.batching import Request
     from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.server.scheduler import WallClockScheduler
+    from llm_anatomy.serve.scheduler import ContinuousScheduler
 
     penalties = Penalties(presence=1.5, frequency=2.0)
 
-    class Watched(WallClockScheduler):
+    class Watched(ContinuousScheduler):
         def choose(self, request, logits):
             token = super().choose(request, logits)
             expected = int(penalties.apply(logits, request.prompt, request.output).argmax())
@@ -98,9 +102,7 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
 
     def run(with_penalties):
         sched = Watched(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None, clock=lambda: 0.0)
-        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12))  # its id is set here
-        if with_penalties:
-            sched.penalties[request.id] = penalties
+        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, penalties=penalties if with_penalties else None))
         for _ in range(20):
             if not sched.step():
                 break

@@ -29,6 +29,7 @@ import torch
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
+from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
 
@@ -57,6 +58,8 @@ class Request:
     # what a server asks for (notebook 11); the defaults are notebook 08's greedy requests
     sampling: SamplingSettings | None = None  # how ContinuousScheduler.choose picks its tokens (None: greedy)
     seed: int = 0  # the seed of this request's own generator, when it samples
+    generator: torch.Generator | None = field(default=None, repr=False)  # made from seed at its first draw
+    penalties: Penalties | None = None  # repetition, presence and frequency penalties on its logits (None: none)
     top_logprobs: int | None = None  # record each output token's logprob and this many alternatives (None: nothing)
     logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
     cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
@@ -76,6 +79,8 @@ class Request:
             raise CourseError(f"arrival_s must be a time in seconds, 0 or more, not {self.arrival_s!r}.")
         if self.sampling is not None and not isinstance(self.sampling, SamplingSettings):
             raise CourseError(f"sampling must be a SamplingSettings (or None for greedy), not {self.sampling!r}.")
+        if self.penalties is not None and not isinstance(self.penalties, Penalties):
+            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
         top = self.top_logprobs
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
             raise CourseError(f"top_logprobs must be None or a whole number >= 0, not {top!r}.")
@@ -83,7 +88,8 @@ class Request:
     def fresh(self) -> "Request":
         """A copy with nothing recorded yet, to serve the same request again."""
         return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id,
-                       sampling=self.sampling, seed=self.seed, top_logprobs=self.top_logprobs)
+                       sampling=self.sampling, seed=self.seed, top_logprobs=self.top_logprobs,
+                       penalties=self.penalties)
 
     @property
     def tokens(self) -> list[int]:
@@ -130,10 +136,10 @@ class Call(NamedTuple):
 class Engine:
     """What both schedulers share: the model, the clock, the requests and how their times are recorded."""
 
-    def __init__(self, model, max_batch: int, cost=None):
+    def __init__(self, model, max_batch: int, cost=None, clock=None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise CourseError(f"max_batch must be a whole number of sequences, at least 1, not {max_batch!r}.")
-        self.model, self.max_batch, self.cost = model, max_batch, cost
+        self.model, self.max_batch, self.cost, self.clock = model, max_batch, cost, clock
         self.now = 0.0  # seconds on the scheduler's clock
         self.calls: list[Call] = []  # every model call, in order
 
@@ -148,7 +154,10 @@ class Engine:
         return out
 
     def emit(self, request: Request, token: int) -> None:
-        """`token` comes out of `request` now (and the request is finished if that was its last)."""
+        """`token` comes out of `request` now (and the request is finished if that was its last). With a clock (a
+        server's wall clock, seconds), now is moved on to it first: the time between the model calls counts too."""
+        if self.clock is not None:
+            self.now = max(self.now, self.clock())
         request.output.append(int(token))
         request.token_times.append(self.now)
         if request.done:

@@ -87,8 +87,9 @@ class ContinuousScheduler(Engine):
     """
 
     def __init__(self, model, pool: PagedKVPool, max_batch: int = 8, max_batched_tokens: int | None = None,
-                 prefix_cache: bool = False, cost=None, flatten: bool = False, prefill_first: bool = False):
-        super().__init__(model, max_batch, cost)
+                 prefix_cache: bool = False, cost=None, flatten: bool = False, prefill_first: bool = False,
+                 clock=None):
+        super().__init__(model, max_batch, cost, clock)
         for name, value in (("flatten", flatten), ("prefill_first", prefill_first)):
             if not isinstance(value, bool):
                 raise CourseError(f"{name} must be True or False, not {value!r}.")
@@ -104,7 +105,6 @@ class ContinuousScheduler(Engine):
         self.steps, self._next_id = 0, 0
         self.history: list[tuple[int, dict, list]] = []  # per iteration: (step, {id: block table}, cached blocks)
         self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire"/"cancel", id, slot)
-        self._generators: dict[int, torch.Generator] = {}  # request id -> its own generator, while it samples
 
     def admission_of(self, request: Request) -> Admission | None:
         """The running request's admission (slot, block table, positions computed), or None when it is not running."""
@@ -154,13 +154,15 @@ class ContinuousScheduler(Engine):
         temperature 0), else drawn from request.sampling with the request's own generator, seeded with request.seed,
         so that its draws do not depend on the other requests of the batch. Records the token's logprob (and
         request.top_logprobs alternatives) in request.logprobs when the request asks for them."""
+        if request.penalties is not None:  # as GenerationSession applies them: its logprobs are the penalized ones
+            logits = request.penalties.apply(logits, request.prompt, request.output)
         settings = request.sampling
         if settings is None or settings.greedy:
             token = int(logits.argmax())
         else:
-            if request.id not in self._generators:
-                self._generators[request.id] = seeded_generator(request.seed, logits.device)
-            token = int(sample_with(logits, settings, self._generators[request.id])[0])
+            if request.generator is None:  # its own, carried on the request: no table of them here
+                request.generator = seeded_generator(request.seed, logits.device)
+            token = int(sample_with(logits, settings, request.generator)[0])
         if request.top_logprobs is not None:
             request.logprobs.append(token_logprobs(logits, token, request.top_logprobs))
         return token
@@ -170,7 +172,6 @@ class ContinuousScheduler(Engine):
         admission ended and its blocks handed back now, so the next step can give them to others. Call it between
         steps. Returns the request (`cancelled` set, its output kept), or None when it is neither waiting nor running
         (finished already, or never submitted)."""
-        self._generators.pop(request_id, None)
         for r in self.waiting:
             if r.id == request_id:
                 self.waiting.remove(r)
@@ -284,7 +285,6 @@ class ContinuousScheduler(Engine):
         self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))
         if finished:
             self.finished.append(r)
-            self._generators.pop(r.id, None)
         else:
             r.cached, r.preempted = 0, r.preempted + 1
             self.waiting.appendleft(r)

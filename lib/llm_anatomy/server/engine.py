@@ -41,7 +41,7 @@ from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
-from .scheduler import WallClockScheduler
+from ..serve.scheduler import ContinuousScheduler
 from .schemas import APIError
 from .sizing import QueueSizer, check_max_waiting
 
@@ -76,7 +76,6 @@ class Live:
     pending: list = field(default_factory=list)  # logprob entries of tokens whose text is held back
     received_s: float | None = None  # when its HTTP handler had the whole body (engine clock): before checking it
     first_sent_s: float | None = None  # when its handler gave the first chunk with text to the web server
-    penalties: Penalties | None = None  # presence / frequency penalties, when the request set any
 
 
 class EngineLoop:
@@ -97,8 +96,8 @@ class EngineLoop:
         check_max_waiting(max_waiting)
         self.sizer = QueueSizer(ttft_objective_s)  # max_waiting "auto": the limit sized from the TTFT objective
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
-        self.scheduler = WallClockScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
-                                            prefill_first=prefill_first, clock=self.clock)
+        self.scheduler = ContinuousScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
+                                             prefill_first=prefill_first, clock=self.clock)  # tokens on the wall clock
         self.model, self.tokenizer, self.metrics, self.max_waiting = model, tokenizer, metrics, max_waiting
         self.context = model.cfg.max_position_embeddings
         self.capacity = kv_blocks * block_size  # positions the whole pool holds
@@ -146,10 +145,10 @@ class EngineLoop:
         received_s: when its handler had the whole body (engine clock), for the record of where the server's time
         went;
         penalties: a generate.penalties.Penalties (None: none)."""
-        if penalties is not None and not isinstance(penalties, Penalties):
-            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
+        if isinstance(penalties, Penalties) and not penalties.active:
+            penalties = None  # nothing to apply
         request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
-                          top_logprobs=top_logprobs)
+                          top_logprobs=top_logprobs, penalties=penalties)  # Request refuses a wrong kind of penalties
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
@@ -165,7 +164,7 @@ class EngineLoop:
             self._unadmitted += 1
         request.arrival_s = self.clock()
         live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
-                    received_s=received_s, penalties=penalties if penalties is not None and penalties.active else None)
+                    received_s=received_s)
         self._inbox.put(("submit", live))
         return live
 
@@ -191,8 +190,6 @@ class EngineLoop:
             for kind, live in commands:
                 if kind == "submit":
                     sched.submit(live.request)  # gives it its id
-                    if live.penalties is not None:
-                        sched.penalties[live.request.id] = live.penalties
                     self._live[live.request.id] = live
                 elif kind == "cancel" and live.finish is None:
                     self._end(live, "cancelled")
@@ -272,7 +269,6 @@ class EngineLoop:
         r = live.request
         if reason != "length":
             self.scheduler.cancel(r.id)
-        self.scheduler.penalties.pop(r.id, None)
         if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
             self._admitted(live)
         live.finish = reason
