@@ -112,8 +112,11 @@ def test_06_c8_time_fails_when_the_cache_saves_nothing(timed_runs):
 
 def test_06_c8_time_is_only_a_reading_on_a_gpu(timed_runs):
     namespace = timed_runs(0.05, 0.01)
-    namespace["ON_GPU"] = True
+    namespace["ON_GPU"], said = True, []
+    namespace["reading"] = lambda number, evidence: said.append((number, evidence))
+    namespace["claim"] = lambda *a: pytest.fail("on a GPU the cell asserts no time")
     run_cells(cell_source(*C8_06), namespace=namespace)  # no ClaimFailed: the prose reads the sign there
+    assert [n for n, _ in said] == ["C8"] and "0.2x faster" in said[0][1]  # the slower cache is reported as it was
 
 
 # 07 · C12: TTFT grows with the prompt (the fastest prefills of lengths timed in turns) and exceeds a decode step

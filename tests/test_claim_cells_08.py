@@ -38,7 +38,10 @@ def served():
 
 
 def test_08_c15_on_one_trace_holds(served):
-    run_cells(cell_source(*C15_ONE_TRACE), namespace=dict(served))
+    shown = []
+    namespace = run_cells(cell_source(*C15_ONE_TRACE), namespace=dict(served, display=shown.append))
+    assert len(shown) == 1 and "C15" in str(shown[0]) and "0.00 s under continuous" in str(shown[0])
+    assert namespace["figures"]["continuous"]["throughput_tok_s"] > namespace["figures"]["static"]["throughput_tok_s"]
 
 
 def test_08_c15_fails_when_a_finished_request_keeps_its_continuous_row(served):

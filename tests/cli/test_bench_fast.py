@@ -28,7 +28,10 @@ def test_json_has_every_figure(quick_json):
     for fmt, row in packed.items():
         assert (fmt in ran) == bool(row["kernel"]) and (row["kernel"] or row["why_not"])
         if fmt in ran:
-            assert row["tokens_compared"] == 16 and 0 <= row["equal_prefix"] <= 16 and 0 <= row["agreement"] <= 1
+            assert row["tokens_compared"] == 16 and 0 <= row["equal_prefix"] <= 16
+            # every token of the equal prefix agrees, and agreement counts whole tokens of 16
+            assert row["agreement"] >= row["equal_prefix"] / 16 and (row["agreement"] * 16) % 1 == 0
+            assert (row["agreement"] == 1) == (row["equal_prefix"] == 16)
             assert row["first_32_equal"] is (row["equal_prefix"] == 16)  # 16 < 32 tokens compared: all of them
     assert d["fastest_of_all"] in d["tokens_per_s"] and positive(d["fastest_vs_fused_fp32"])
     # the decode steps alone (llama.cpp's eval rate), for our decoders (generate's steps are not timed one by one)
