@@ -49,16 +49,17 @@ class FlatPagedBatch(FlatBatch):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
         """q `[1, heads, total, d]`, k and v `[1, kv_heads, total, d]`: written by slot, then each row attends."""
         self.view.write(layer, k[0].transpose(0, 1), v[0].transpose(0, 1))  # [total, kv_heads, d] into the pool
-        out = torch.empty_like(q)  # [1, heads, total, d]
+        q_tokens = q[0].transpose(0, 1)  # [total, heads, d]
+        out = torch.empty_like(q_tokens)  # [total, heads, d]: each token's heads side by side, as o_proj reads them
         if self.decoders:  # one query each, the blocks read where they lie
-            rows = q[0][:, self.at].transpose(0, 1)[:, :, None]  # [decoders, heads, 1, d]
             ends = [self.view.ends[i] for i in self.decoders]
-            read = paged_decode_attention(rows, self.pool.keys[layer], self.pool.values[layer],
-                                          [self.tables[i] for i in self.decoders], ends)  # [decoders, heads, 1, d]
-            out[0][:, self.at] = read[:, :, 0].transpose(0, 1)
+            out[self.at] = paged_decode_attention(q_tokens[self.at][:, :, None], self.pool.keys[layer],
+                                                  self.pool.values[layer], [self.tables[i] for i in self.decoders],
+                                                  ends)[:, :, 0]  # [decoders, heads, d]
         for i, (a, b) in enumerate(self.spans):
             if b - a > 1:  # a prompt chunk: its cached and new keys, gathered from its blocks
-                out[:, :, a:b] = kernel(q[:, :, a:b], *self.view.read(layer, row=i))[0]
+                out[a:b] = kernel(q[:, :, a:b], *self.view.read(layer, row=i))[0][0].transpose(0, 1)
+        out = out.transpose(0, 1)[None]  # [1, heads, total, d]
         return out, None
 
 
