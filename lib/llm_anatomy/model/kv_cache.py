@@ -5,7 +5,8 @@ and a length: how many positions are filled. Each forward pass writes its new po
 `length` in every layer, then advances `length` once.
 
 What the model asks of a cache has a name, `KVCacheInterface`: this contiguous KVCache implements it, and so do the
-paged caches of notebook 08 (serve/paged_kv.py) and the fixed slots that a CUDA graph replays (generate/decode.py).
+paged caches of notebook 08 (serve/paged_kv.py), the fixed slots that a CUDA graph replays (generate/decode.py),
+and the flattened batches that lay a whole batch end to end in one row (serve/selective.py, serve/flat_step.py).
 """
 
 from __future__ import annotations
