@@ -175,7 +175,7 @@ class ContinuousScheduler(Engine):
         for r in self.waiting:
             if r.id == request_id:
                 self.waiting.remove(r)
-                r.cancelled = True
+                r.cancelled, r.generator = True, None
                 return r
         a = next((a for a in self.running if a.request.id == request_id), None)
         if a is None:
@@ -185,7 +185,7 @@ class ContinuousScheduler(Engine):
         self.running.remove(a)
         self.leave(a.request, a.slot, a.start_s, retired=True)
         self.events.append((self.now, "cancel", request_id, a.slot))
-        a.request.cancelled = True
+        a.request.cancelled, a.request.generator = True, None  # its draws are over
         return a.request
 
     def _admit(self) -> None:
@@ -285,6 +285,7 @@ class ContinuousScheduler(Engine):
         self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))
         if finished:
             self.finished.append(r)
+            r.generator = None  # done drawing: a server keeps thousands of finished requests
         else:
             r.cached, r.preempted = 0, r.preempted + 1
             self.waiting.appendleft(r)
