@@ -275,3 +275,28 @@ def test_one_table_of_number_formats():
         if name != "llm_anatomy.device":
             assert not re.search(r"""["']bf16["']\s*:\s*torch\.bfloat16|torch\.bfloat16\s*:\s*["']bf16""",
                                  path.read_text()), f"{name} has its own table of number formats: use device.DTYPES"
+
+
+POOL_SIZING = re.compile(r"blocks_for\([^\n]*\)\s*\+\s*\d")  # "blocks_for(n, size) + 4": a pool sized by hand
+
+
+def test_one_pool_sizing():
+    """A KV pool is sized by serve.block_manager.pool_blocks only (once four modules and notebook 08 each added
+    their own spare blocks to blocks_for)."""
+    assert POOL_SIZING.search("max_batch * blocks_for(max_len, block_size) + 4")  # the rule sees the old sizing
+    for name, path in modules().items():
+        if name != "llm_anatomy.serve.block_manager":
+            assert not POOL_SIZING.search(path.read_text()), f"{name} sizes a pool by hand: use pool_blocks"
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code")
+        assert not POOL_SIZING.search(code), f"{notebook.name} sizes a pool by hand: use pool_blocks"
+
+
+def test_one_bench_model_loader():
+    """The model benchmarks load their model through cli.bench.load_bench_model, not load_model or random_llama
+    each (the stepper's benchmark drives the widget, which takes the loaded model whole)."""
+    for name, path in modules().items():
+        if name.startswith("llm_anatomy.cli.bench.") and name not in {"llm_anatomy.cli.bench.stepper",
+                                                                         "llm_anatomy.cli.bench.load"}:
+            text = path.read_text()
+            assert not re.search(r"\b(load_model|random_llama)\(", text), f"{name} loads its model itself"

@@ -256,3 +256,34 @@ def test_bad_input_gets_one_sentence_and_leaves_a_running_engine_as_it_was(tiny)
         assert "\n" not in str(refused.value) and str(refused.value).endswith(".")  # one sentence
         assert _state(sched) == before
     assert sched.run([Request([8, 9], 2)])[0].output  # and it still serves
+
+
+# --------------------------------------------------------------------------- the split: plan() decides, and only that
+
+
+def test_plan_is_a_pure_choice_of_rows_from_the_running_admissions():
+    from llm_anatomy.serve.scheduler import Admission, plan
+
+    decoding = Admission(Request([1, 2, 3], 4), 0, 0.0, [0], 3)
+    decoding.request.output.append(9)  # 4 tokens, 3 cached: one new token
+    prompts = [Admission(Request(list(range(1, 8)), 2), 1, 0.0, [], 0), Admission(Request([4, 5, 6], 2), 2, 0.0, [], 1)]
+    running = [decoding, *prompts]
+    before = [(a.computed, list(a.blocks), list(a.request.output)) for a in running]
+    assert plan(running, None, False) == ([decoding], [(prompts[0], 7), (prompts[1], 2)])
+    assert plan(running, 5, False) == ([decoding], [(prompts[0], 4)])  # the budget: 1 decode + 4 prompt tokens
+    assert plan(running, 9, False) == ([decoding], [(prompts[0], 7), (prompts[1], 1)])
+    assert plan(running, None, True) == ([], [(prompts[0], 7), (prompts[1], 2)])  # prefill first: decodes wait
+    assert plan([decoding], None, True) == ([decoding], [])
+    assert [(a.computed, list(a.blocks), list(a.request.output)) for a in running] == before  # nothing changed
+
+
+def test_schedule_books_blocks_but_runs_no_model(tiny):
+    class NoModel:  # every model attribute the runner would touch is missing
+        cfg, device, dtype = tiny.cfg, tiny.device, tiny.dtype
+
+    sched = ContinuousScheduler(NoModel(), PagedKVPool.for_model(tiny, 16, 4), max_batch=2, max_batched_tokens=6)
+    a, b = sched.submit(Request([5, 6, 7, 8, 9], 3)), sched.submit(Request([7, 8], 3))
+    step = sched.schedule()
+    assert step.admitted == [a, b] and step.preempted == [] and step.decoders == []
+    assert [(x.request, n) for x, n in step.chunks] == [(a, 5), (b, 1)] and sched.calls == []
+    assert [len(x.blocks) for x in sched.running] == [2, 1] and sched.pool.allocator.num_free == 13

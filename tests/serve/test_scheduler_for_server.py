@@ -10,6 +10,7 @@ from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import decode_step, generate_greedy, prefill
 from llm_anatomy.generate.sampling import SamplingSettings, sample_with, seeded_generator, token_logprobs
 from llm_anatomy.serve.batching import Request
+from llm_anatomy.serve.sampler import SamplingParams
 from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 
@@ -30,8 +31,8 @@ def _sampled_alone(model, prompt, n, settings, seed):
 
 def test_each_request_samples_with_its_own_settings_and_seed_whatever_the_batch(tiny):
     hot, cool = SamplingSettings(temperature=1.5), SamplingSettings(temperature=0.7, top_k=20, top_p=0.9)
-    requests = [Request([5, 9, 11, 3], 12, sampling=hot, seed=1), Request([7, 8], 12),  # the second is greedy
-                Request([5, 9, 11, 3], 12, sampling=hot, seed=2), Request([40, 2, 6], 9, sampling=cool, seed=1)]
+    requests = [Request([5, 9, 11, 3], 12, params=SamplingParams(hot, 1)), Request([7, 8], 12),  # the second is greedy
+                Request([5, 9, 11, 3], 12, params=SamplingParams(hot, 2)), Request([40, 2, 6], 9, params=SamplingParams(cool, 1))]
     together = _scheduler(tiny, max_batch=4, max_batched_tokens=3).run(requests)
     alone = [_scheduler(tiny, max_batch=1).run([r])[0] for r in requests]
     assert [r.output for r in together] == [r.output for r in alone]  # a request's draws are its own
@@ -39,11 +40,11 @@ def test_each_request_samples_with_its_own_settings_and_seed_whatever_the_batch(
     assert together[3].output == _sampled_alone(tiny, requests[3].prompt, 9, cool, 1)
     assert together[1].output == generate_greedy(tiny, torch.tensor([[7, 8]]), 12).tokens[0].tolist()
     assert together[0].output != together[2].output  # another seed, other draws
-    assert requests[0].fresh().sampling is hot and requests[0].fresh().seed == 1
+    assert requests[0].fresh().params == SamplingParams(hot, 1)
 
 
 def test_logprobs_are_recorded_for_the_requests_that_ask(tiny):
-    asked, plain = Request([3, 4, 5], 4, top_logprobs=3), Request([3, 4, 5], 4)
+    asked, plain = Request([3, 4, 5], 4, params=SamplingParams(top_logprobs=3)), Request([3, 4, 5], 4)
     out = _scheduler(tiny, max_batch=2).run([asked, plain])
     assert out[1].logprobs == [] and len(out[0].logprobs) == 4
     cache = tiny.new_cache(1, 8)
@@ -53,9 +54,9 @@ def test_logprobs_are_recorded_for_the_requests_that_ask(tiny):
     assert first == pytest.approx(want_first, abs=1e-5) and [i for i, _ in top] == [i for i, _ in want_top]
     assert top[0][0] == out[0].output[0]  # greedy: the chosen token is the most likely one
     with pytest.raises(CourseError, match="top_logprobs"):
-        Request([1], 1, top_logprobs=-1)
+        SamplingParams(top_logprobs=-1)
     with pytest.raises(CourseError, match="SamplingSettings"):
-        Request([1], 1, sampling={"temperature": 1.0})
+        SamplingParams({"temperature": 1.0})
 
 
 def test_a_cancelled_request_hands_its_blocks_back_before_the_next_step(tiny):

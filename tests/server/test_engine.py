@@ -88,6 +88,7 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
 
     from llm_anatomy.generate.penalties import Penalties
     from llm_anatomy.serve.batching import Request
+    from llm_anatomy.serve.sampler import SamplingParams
     from llm_anatomy.serve.paged_kv import PagedKVPool
     from llm_anatomy.serve.scheduler import ContinuousScheduler
 
@@ -102,7 +103,7 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
 
     def run(with_penalties):
         sched = Watched(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None, clock=lambda: 0.0)
-        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, penalties=penalties if with_penalties else None))
+        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, params=SamplingParams(penalties=penalties if with_penalties else None)))
         for _ in range(20):
             if not sched.step():
                 break

@@ -29,9 +29,8 @@ import torch
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
-from ..generate.penalties import Penalties
-from ..generate.sampling import SamplingSettings
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
+from .sampler import SamplingParams
 
 
 @dataclass(eq=False)
@@ -55,12 +54,9 @@ class Request:
     preempted: int = 0  # times its blocks were taken back (it is then recomputed, keeping its output)
     cached: int = 0  # prompt positions its last admission found in the prefix cache (no prefill for them)
     spans: list = field(default_factory=list, repr=False)  # (slot, start, end): each stay in a row of the batch
-    # what a server asks for (notebook 11); the defaults are notebook 08's greedy requests
-    sampling: SamplingSettings | None = None  # how ContinuousScheduler.choose picks its tokens (None: greedy)
-    seed: int = 0  # the seed of this request's own generator, when it samples
-    generator: torch.Generator | None = field(default=None, repr=False)  # made from seed at its first draw
-    penalties: Penalties | None = None  # repetition, presence and frequency penalties on its logits (None: none)
-    top_logprobs: int | None = None  # record each output token's logprob and this many alternatives (None: nothing)
+    # how its tokens are picked (notebook 11; the default is notebook 08's greedy request): sampler.py
+    params: SamplingParams = SamplingParams()
+    generator: torch.Generator | None = field(default=None, repr=False)  # made from params.seed at its first draw
     logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
     cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
 
@@ -77,19 +73,13 @@ class Request:
             raise CourseError(f"max_new_tokens must be a whole number, at least 1, not {n!r}.")
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
             raise CourseError(f"arrival_s must be a time in seconds, 0 or more, not {self.arrival_s!r}.")
-        if self.sampling is not None and not isinstance(self.sampling, SamplingSettings):
-            raise CourseError(f"sampling must be a SamplingSettings (or None for greedy), not {self.sampling!r}.")
-        if self.penalties is not None and not isinstance(self.penalties, Penalties):
-            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
-        top = self.top_logprobs
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-            raise CourseError(f"top_logprobs must be None or a whole number >= 0, not {top!r}.")
+        if not isinstance(self.params, SamplingParams):
+            raise CourseError(f"params must be a SamplingParams(settings=..., seed=...), not {self.params!r}.")
 
     def fresh(self) -> "Request":
         """A copy with nothing recorded yet, to serve the same request again."""
         return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id,
-                       sampling=self.sampling, seed=self.seed, top_logprobs=self.top_logprobs,
-                       penalties=self.penalties)
+                       params=self.params)
 
     @property
     def tokens(self) -> list[int]:

@@ -14,14 +14,14 @@ resolution of the rates swept.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..claims import Verdict, claim
 from ..device import torch_threads
 from ..errors import CourseError
 from .batching import Request, run_static
 from .metrics import poisson_trace, serving_metrics
-from .paged_kv import PagedKVPool, blocks_for
+from .block_manager import pool_blocks
+from .paged_kv import PagedKVPool
 from .scheduler import ContinuousScheduler
 
 SWEEP = (0.3, 0.5, 0.7, 0.9, 1.0, 1.2)  # arrival rate / service rate
@@ -32,7 +32,7 @@ def engines(model, max_batch: int, max_len: int, cost=None, max_batched_tokens: 
             block_size: int = 16) -> dict:
     """{"static": serve, "continuous": serve}: functions from a list of requests to the served copies, both with
     `max_batch` rows, the continuous one over a pool that holds max_batch requests of max_len positions."""
-    blocks = max_batch * blocks_for(max_len, block_size) + 4
+    blocks = pool_blocks([max_len] * max_batch, block_size)
 
     def continuous(requests):
         pool = PagedKVPool.for_model(model, blocks, block_size)

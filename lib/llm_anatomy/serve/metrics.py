@@ -18,6 +18,7 @@ from ..claims import claim
 from ..device import timed
 from ..errors import CourseError
 from .batching import Request
+from .block_manager import pool_blocks
 from .paged_kv import blocks_for
 
 
@@ -151,7 +152,7 @@ def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_toke
     if not hasattr(hf_model, "generate_batch"):
         raise CourseError("This transformers has no generate_batch (continuous batching): transformers >= 5 has it.")
     size = max(4, block_size)  # transformers wants pages of at least 4 tokens
-    blocks = sum(blocks_for(len(p) + max_new_tokens, size) for p in prompts) + 4
+    blocks = pool_blocks([len(p) + max_new_tokens for p in prompts], size)
     config = ContinuousBatchingConfig(page_size=size, num_blocks=blocks, max_batch_tokens=256, use_cuda_graph=False)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     inputs = [list(p) for p in prompts]

@@ -13,16 +13,15 @@ is preempted: its admission ends, its blocks are freed, and it is recomputed aft
 and the tokens it has produced, which it keeps (vLLM's "preemption by recompute"). Each admission is one span of
 the request in a batch slot, from its admission to its retirement or preemption (`Request.spans`).
 
-By default (flatten=False) an iteration makes one decode call and one call for all prompt chunks (left-padded to the
-longest), each through the pool's one reader (paged_kv.RaggedPagedView) and the course's one decoding loop
-(`prefill`, `decode_step`). A real engine packs the decodes and prompt chunks of an iteration into one call of
-concatenated sequences: with flatten=True, step() makes exactly that one call, flat_step.flat_step (kind "mixed"),
-with no padding and the decode rows' K and V read in place. Every token of an iteration comes out when the
-iteration ends. The clock is batching.Engine's.
-
-What a server adds (notebook 11), without changing a greedy run: `choose` picks each request's token, greedy or
-drawn from its own SamplingSettings with its own seeded generator (and records its logprobs when asked), and
-`cancel` takes a request out, waiting or running, its blocks handed back at once, so the next step can use them.
+One iteration is four parts, each in its own file, as nano-vllm splits its engine:
+    schedule()       decides: admission (`admit`), the rows (`plan`, a pure function), preemption; no model call
+    BlockManager     books the blocks of what was decided, and keeps the prefix cache (block_manager.py)
+    ModelRunner      runs the rows through the course's one forward pass: a padded decode call and a padded
+                     prompt-chunk call, or with flatten=True one flattened call of both (model_runner.py)
+    sample           picks each finished row's token by the request's own SamplingParams (sampler.py)
+Every token of an iteration comes out when the iteration ends. The clock is batching.Engine's, or a server's wall
+clock handed in as `clock`. `cancel` takes a request out, waiting or running, its blocks handed back at once, so the
+next step can use them (notebook 11).
 """
 
 from __future__ import annotations
@@ -30,16 +29,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from ..errors import CourseError
-from ..generate.decode import decode_step, left_pad, prefill
-from ..generate.sampling import sample_with, seeded_generator, token_logprobs
 from .batching import Engine, Request
-from .flat_step import flat_step
-from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
-from .prefix_cache import PrefixCache
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .paged_kv import PagedKVPool
+from .sampler import sample
 
 
 def admit(arrivals: list[float], blocks_needed: list[int], running: int, free_blocks: int, max_batch: int,
@@ -75,6 +74,38 @@ class Admission:
         return len(self.request.tokens) - self.computed
 
 
+def plan(running: list[Admission], max_batched_tokens: int | None, prefill_first: bool) -> tuple[list, list]:
+    """This iteration's rows, decided from the running admissions alone (a pure function: it books nothing).
+
+    Returns (decoders, chunks): the admissions that decode one token, and (admission, tokens) prompt chunks from
+    what is left of the token budget, in admission order. With prefill_first, an iteration that has prompt tokens
+    runs only those.
+    """
+    ready = [a for a in running if a.pending == 1 and a.computed]  # one new token each
+    prompts = [a for a in running if a not in ready]
+    decoders = [] if prefill_first and prompts else ready
+    budget = math.inf if max_batched_tokens is None else max_batched_tokens - len(decoders)
+    chunks = []
+    for a in prompts:
+        if budget > 0:
+            chunks.append((a, int(min(a.pending, budget))))
+            budget -= chunks[-1][1]
+    return decoders, chunks
+
+
+class Plan(NamedTuple):
+    """What one iteration does: who joined and who was preempted to make room, then the rows it runs."""
+
+    admitted: list[Request]
+    preempted: list[Request]
+    decoders: list[Admission]  # one new token each
+    chunks: list[tuple[Admission, int]]  # (admission, prompt tokens) in this iteration
+
+    @property
+    def rows(self) -> list[tuple[Admission, int]]:
+        return [(a, 1) for a in self.decoders] + self.chunks
+
+
 class ContinuousScheduler(Engine):
     """Iteration-level batching over a paged KV cache, with chunked prefill and optional prefix caching.
 
@@ -84,6 +115,10 @@ class ContinuousScheduler(Engine):
     a padded decode call and a padded prompt-chunk call; prefill_first: an iteration with prompt tokens to run runs
     only those, and the decodes wait for the next (SGLang's default, and vLLM's before chunked prefill), so a new
     request's first token does not wait for the others' decode step. submit() requests, then step() or run() them.
+
+    An iteration is nano-vllm's: schedule() decides (admission, rows, preemption) and books blocks through the
+    BlockManager, the ModelRunner runs the rows, the sampler picks each finished row's token by the request's own
+    SamplingParams, and postprocess() records it all.
     """
 
     def __init__(self, model, pool: PagedKVPool, max_batch: int = 8, max_batched_tokens: int | None = None,
@@ -93,18 +128,27 @@ class ContinuousScheduler(Engine):
         for name, value in (("flatten", flatten), ("prefill_first", prefill_first)):
             if not isinstance(value, bool):
                 raise CourseError(f"{name} must be True or False, not {value!r}.")
-        self.flatten, self.prefill_first = flatten, prefill_first
+        self.prefill_first = prefill_first
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or
                                                not isinstance(max_batched_tokens, int) or max_batched_tokens < 1):
             raise CourseError(f"max_batched_tokens must be None or a whole number >= 1, not {max_batched_tokens!r}.")
         self.pool, self.max_batched_tokens = pool, max_batched_tokens
-        self.prefix_cache = PrefixCache(pool.allocator, pool.block_size) if prefix_cache else None
+        self.blocks = BlockManager(pool, prefix_cache)
+        self.runner = ModelRunner(model, pool, self.call, flatten)
         self.waiting: deque[Request] = deque()  # arrival order
         self.running: list[Admission] = []  # admission order
         self.finished: list[Request] = []
         self.steps, self._next_id = 0, 0
         self.history: list[tuple[int, dict, list]] = []  # per iteration: (step, {id: block table}, cached blocks)
         self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire"/"cancel", id, slot)
+
+    @property
+    def prefix_cache(self):
+        return self.blocks.prefix_cache
+
+    @property
+    def flatten(self) -> bool:
+        return self.runner.flatten
 
     def admission_of(self, request: Request) -> Admission | None:
         """The running request's admission (slot, block table, positions computed), or None when it is not running."""
@@ -132,40 +176,52 @@ class ContinuousScheduler(Engine):
         return fresh
 
     def step(self) -> bool:
-        """One iteration: admit, decode, prompt chunks, retire. Returns False when there was nothing to do."""
+        """One iteration: schedule, run the rows, sample, record. Returns False when there was nothing to do."""
         if not self.running and not self.waiting:
             return False
         if not self.running and self.waiting[0].arrival_s > self.now:
             self.now = self.waiting[0].arrival_s  # idle until the next arrival
-        self._admit()
-        decoders, chunks = self._plan()
-        produced = self._flat_call(decoders, chunks) if self.flatten else self._padded_calls(decoders, chunks)
-        for a, token in produced:  # every token of the iteration comes out when it ends
-            self.emit(a.request, token)
+        step = self.schedule()
+        rows = step.rows
+        logits = self.runner.run([a.request.tokens[a.computed:a.computed + n] for a, n in rows],
+                                 [a.blocks for a, _ in rows], [a.computed for a, _ in rows],
+                                 len(step.decoders)) if rows else None  # [rows, vocab]
+        self.postprocess(step, logits)
+        return True
+
+    def schedule(self) -> Plan:
+        """Decide this iteration: admit who can join, plan the rows, preempt the youngest while the pool cannot
+        hold them; the BlockManager books the blocks of what was decided. No model call, no token drawn."""
+        admitted = self._admit()
+        preempted = []
+        while True:
+            decoders, chunks = plan(self.running, self.max_batched_tokens, self.prefill_first)
+            rows = [(a.blocks, a.computed + n) for a, n in [(a, 1) for a in decoders] + chunks]
+            if self.blocks.make_room(rows):
+                break
+            if len(self.running) == 1:  # cannot happen: submit() refuses a request the whole pool cannot hold
+                raise CourseError("The KV pool cannot hold even one request: make a pool with more blocks.")
+            preempted.append(self.running[-1].request)
+            self._release(self.running[-1], finished=False)  # it is recomputed later
+        self.blocks.grow(rows)
+        return Plan(admitted, preempted, decoders, chunks)
+
+    def postprocess(self, step: Plan, logits: torch.Tensor | None) -> None:
+        """Count the new cached positions; a row whose tokens are now all cached gets its next token from its logits
+        row (the sampler); every token of the iteration comes out when it ends; finished requests retire."""
+        produced = []
+        for i, (a, new) in enumerate(step.rows):
+            a.computed += new
+            if a.pending == 0:
+                if not a.request.output:  # the prompt is in: share its full blocks
+                    self.blocks.keep(a.request.prompt, a.blocks)
+                produced.append((a.request, sample(a.request, logits[i])))
+        for request, token in produced:
+            self.emit(request, token)
         for a in [a for a in self.running if a.request.done]:
             self._release(a, finished=True)
         self.steps += 1
-        cached = sorted(self.prefix_cache.blocks()) if self.prefix_cache is not None else []
-        self.history.append((self.steps, {a.request.id: list(a.blocks) for a in self.running}, cached))
-        return True
-
-    def choose(self, request: Request, logits: torch.Tensor) -> int:
-        """The next token of `request` from its logits `[vocab]`: the highest (greedy, request.sampling None or
-        temperature 0), else drawn from request.sampling with the request's own generator, seeded with request.seed,
-        so that its draws do not depend on the other requests of the batch. Records the token's logprob (and
-        request.top_logprobs alternatives) in request.logprobs when the request asks for them."""
-        if request.penalties is not None:  # as GenerationSession applies them: its logprobs are the penalized ones
-            logits = request.penalties.apply(logits, request.prompt, request.output)
-        settings = request.sampling
-        if settings is None or settings.greedy:
-            token = int(logits.argmax())
-        else:
-            if request.generator is None:  # its own, carried on the request: no table of them here
-                request.generator = seeded_generator(request.seed, logits.device)
-            token = int(sample_with(logits, settings, request.generator)[0])
-        if request.top_logprobs is not None:
-            request.logprobs.append(token_logprobs(logits, token, request.top_logprobs))
-        return token
+        self.history.append((self.steps, {a.request.id: list(a.blocks) for a in self.running}, self.blocks.cached()))
 
     def cancel(self, request_id: int) -> Request | None:
         """Stop serving a request (its client went away, or a stop string was met): taken out of the queue, or its
@@ -180,106 +236,34 @@ class ContinuousScheduler(Engine):
         a = next((a for a in self.running if a.request.id == request_id), None)
         if a is None:
             return None
-        for block in a.blocks:  # blocks the prefix cache also holds stay cached; the others are free again
-            self.pool.allocator.decref(block)
+        self.blocks.release(a.blocks)  # blocks the prefix cache also holds stay cached; the others are free again
         self.running.remove(a)
         self.leave(a.request, a.slot, a.start_s, retired=True)
         self.events.append((self.now, "cancel", request_id, a.slot))
         a.request.cancelled, a.request.generator = True, None  # its draws are over
         return a.request
 
-    def _admit(self) -> None:
-        size, pc = self.pool.block_size, self.prefix_cache
+    def _admit(self) -> list[Request]:
         heads = [r for r in self.waiting if r.arrival_s <= self.now][:self.max_batch - len(self.running)]
-        matched = [pc.match(r.tokens) if pc is not None else [] for r in heads]
-        keep = {b for m in matched for b in m}
-        free = self.pool.allocator.num_free + (pc.evictable(keep) if pc is not None else 0)
-        needed = [blocks_for(len(r.tokens), size) - len(m) for r, m in zip(heads, matched)]
-        for r in heads[:admit([r.arrival_s for r in heads], needed, len(self.running), free, self.max_batch,
-                              self.now)]:
+        needed, free = self.blocks.admission_needs([r.tokens for r in heads])
+        joined = heads[:admit([r.arrival_s for r in heads], needed, len(self.running), free, self.max_batch,
+                              self.now)]
+        for r in joined:
             self.waiting.popleft()
-            blocks = pc.acquire(r.tokens) if pc is not None else []
+            blocks = self.blocks.take_prefix(r.tokens)
             slot = min(set(range(self.max_batch)) - {a.slot for a in self.running})
-            self.running.append(Admission(r, slot, self.now, blocks, len(blocks) * size))
-            r.cached = len(blocks) * size
+            self.running.append(Admission(r, slot, self.now, blocks, len(blocks) * self.pool.block_size))
+            r.cached = len(blocks) * self.pool.block_size
             r.admitted_s = self.now if r.admitted_s is None else r.admitted_s
             self.events.append((self.now, "admit", r.id, slot))
-
-    def _plan(self):
-        """This iteration's decoders and prompt chunks, their blocks allocated (preempting if the pool is short)."""
-        while True:
-            ready = [a for a in self.running if a.pending == 1 and a.computed]  # one new token each
-            prompts = [a for a in self.running if a not in ready]
-            decoders = [] if self.prefill_first and prompts else ready
-            budget = math.inf if self.max_batched_tokens is None else self.max_batched_tokens - len(decoders)
-            chunks = []
-            for a in prompts:
-                if budget > 0:
-                    chunks.append((a, int(min(a.pending, budget))))
-                    budget -= chunks[-1][1]
-            rows = [(a, 1) for a in decoders] + chunks
-            short = sum(self.pool.missing(a.blocks, a.computed + n) for a, n in rows) - self.pool.allocator.num_free
-            if short > 0 and self.prefix_cache is not None:
-                short -= self.prefix_cache.evict(short)
-            if short <= 0:
-                break
-            if len(self.running) == 1:  # cannot happen: submit() refuses a request the whole pool cannot hold
-                raise CourseError("The KV pool cannot hold even one request: make a pool with more blocks.")
-            self._release(self.running[-1], finished=False)  # preempt the youngest; it is recomputed later
-        self.pool.extend([a.blocks for a, _ in rows], [a.computed + n for a, n in rows])
-        return decoders, chunks
-
-    def _padded_calls(self, decoders: list[Admission], chunks: list) -> list:
-        """The iteration as a padded decode call and a padded prompt-chunk call; returns the (admission, token)s."""
-        produced, device = [], self.model.device
-        if decoders:  # one token for every request whose tokens are all cached but the newest
-            ids = torch.tensor([[a.request.tokens[a.computed]] for a in decoders], device=device)  # [rows, 1]
-            view = RaggedPagedView(self.pool, [a.blocks for a in decoders], [a.computed for a in decoders],
-                                   [1] * len(decoders))
-            out = self.call("decode", len(decoders), len(decoders), lambda: decode_step(self.model, ids, view),
-                            context=sum(a.computed for a in decoders))
-            produced += self._advance(decoders, [1] * len(decoders), out.logits[:, -1])
-        if chunks:  # every prompt chunk of the iteration in one call, each left-padded to the longest
-            rows, news = [a for a, _ in chunks], [n for _, n in chunks]
-            ids, _ = left_pad([a.request.tokens[a.computed:a.computed + n] for a, n in chunks],
-                              device=device)  # [rows, width]
-            view = RaggedPagedView(self.pool, [a.blocks for a in rows], [a.computed for a in rows], news)
-            out = self.call("prefill", len(rows), sum(news), lambda: prefill(self.model, ids, view),
-                            context=sum(a.computed for a in rows))
-            produced += self._advance(rows, news, out.logits[:, -1])
-        return produced
-
-    def _flat_call(self, decoders: list[Admission], chunks: list) -> list:
-        """The iteration as one flattened call (flat_step.py): decodes and prompt chunks end to end, no padding;
-        returns the (admission, token)s."""
-        rows, news = decoders + [a for a, _ in chunks], [1] * len(decoders) + [n for _, n in chunks]
-        if not rows:
-            return []
-        tokens = [a.request.tokens[a.computed:a.computed + n] for a, n in zip(rows, news)]
-        logits = self.call("mixed", len(rows), sum(news), lambda: flat_step(
-            self.model, self.pool, [a.blocks for a in rows], [a.computed for a in rows], tokens),
-            context=sum(a.computed for a in rows))  # [rows, vocab]
-        return self._advance(rows, news, logits)
-
-    def _advance(self, rows: list[Admission], news: list[int], logits: torch.Tensor) -> list:
-        """Count the new cached positions; a row whose tokens are now all cached gets its next token from its
-        logits (`logits[i]`, `[vocab]`: the row's last new token)."""
-        produced = []
-        for i, (a, new) in enumerate(zip(rows, news)):
-            a.computed += new
-            if a.pending == 0:
-                if self.prefix_cache is not None and not a.request.output:  # the prompt is in: share its full blocks
-                    self.prefix_cache.insert(a.request.prompt, a.blocks)
-                produced.append((a, self.choose(a.request, logits[i])))
-        return produced
+        return joined
 
     def _release(self, a: Admission, finished: bool) -> None:
         """End an admission: the request retires when finished, else it is preempted (it keeps its output)."""
         r = a.request
-        if finished and self.prefix_cache is not None:
-            self.prefix_cache.insert(r.tokens[:a.computed], a.blocks)
-        for block in a.blocks:
-            self.pool.allocator.decref(block)
+        if finished:
+            self.blocks.keep(r.tokens[:a.computed], a.blocks)
+        self.blocks.release(a.blocks)
         self.running.remove(a)
         self.leave(r, a.slot, a.start_s, retired=finished)  # the span runs from this admission to now
         self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))

@@ -250,7 +250,7 @@ class Server:
                     text.append(event[1])
                     entries += event[2]
                 elif event[0] == "finish":
-                    return JSONResponse(reply.whole("".join(text), event[1], entries if live.request.top_logprobs
+                    return JSONResponse(reply.whole("".join(text), event[1], entries if live.request.params.top_logprobs
                                                     is not None else None, reply.usage(event[2])))
                 else:
                     return _error(APIError(500, event[1], "server_error"))

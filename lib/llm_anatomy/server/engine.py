@@ -34,13 +34,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..errors import CourseError
 from ..generate.chat import end_of_turn_ids
 from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
+from ..serve.sampler import SamplingParams
 from ..serve.scheduler import ContinuousScheduler
 from .schemas import APIError
 from .sizing import QueueSizer, check_max_waiting
@@ -147,8 +147,8 @@ class EngineLoop:
         penalties: a generate.penalties.Penalties (None: none)."""
         if isinstance(penalties, Penalties) and not penalties.active:
             penalties = None  # nothing to apply
-        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, sampling=sampling, seed=seed,
-                          top_logprobs=top_logprobs, penalties=penalties)  # Request refuses a wrong kind of penalties
+        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id,  # refuses wrong params
+                          params=SamplingParams(sampling, seed, penalties, top_logprobs))
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
@@ -253,7 +253,7 @@ class EngineLoop:
         return text + live.stops.flush() if not live.stops.stopped else text
 
     def _logprob_entry(self, r: Request, i: int, token: int):
-        if r.top_logprobs is None or i >= len(r.logprobs):
+        if r.params.top_logprobs is None or i >= len(r.logprobs):
             return None
         logprob, top = r.logprobs[i]
         decode = self.tokenizer.decode

@@ -40,6 +40,24 @@ def set_threads(threads: int | None, device: str = "auto") -> None:
         pin_cpu_threads(threads)
 
 
+def load_bench_model(model_size: str, device, dtype):
+    """The model a benchmark measures, as (hf, scratch, tokenizer): the course's default model from the offline
+    cache ("default", with its tokenizer) or a seeded random one of a named shape (weights.random; tokenizer None),
+    on `device` in `dtype`, and the course's ScratchLlama over the same weights. The benchmarks' one loader."""
+    from ...model.scratch import ScratchLlama
+
+    if model_size == "default":
+        from ...weights.load import load_model
+
+        loaded = load_model(device=device, dtype=dtype, verbose=False)
+        hf, tokenizer = loaded.model, loaded.tokenizer
+    else:
+        from ...weights.random import random_llama
+
+        hf, tokenizer = random_llama(model_size, device, dtype), None
+    return hf, ScratchLlama.from_hf(hf), tokenizer
+
+
 def progress(as_json: bool):
     """Where a benchmark says what it is doing: stderr for a table, nowhere for --json (stdout stays one object)."""
     return (lambda message: None) if as_json else (lambda message: print(message, file=sys.stderr))

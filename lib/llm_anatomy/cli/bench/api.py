@@ -44,11 +44,10 @@ def _greedy_texts(max_tokens: int) -> list[str]:
 
     from ...generate.chat import chat_prompt_ids, end_of_turn_ids
     from ...generate.decode import generate_greedy
-    from ...model.scratch import ScratchLlama
-    from ...weights.load import load_model
+    from . import load_bench_model
 
-    loaded = load_model(None, "cpu", dtype=torch.float32, verbose=False)
-    model, tok, ends = ScratchLlama.from_hf(loaded.model), loaded.tokenizer, set(end_of_turn_ids(loaded.tokenizer))
+    _, model, tok = load_bench_model("default", "cpu", torch.float32)
+    ends = set(end_of_turn_ids(tok))
     texts = []
     for messages in _prompts():
         out = generate_greedy(model, chat_prompt_ids(tok, messages), max_tokens).tokens[0].tolist()

@@ -24,8 +24,7 @@ from ...device import default_dtype, pick_device, synchronize, timed
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.timing import time_generation, time_interleaved, time_it
-from ...weights.random import random_llama
-from . import parser, progress, report, set_threads
+from . import load_bench_model, parser, progress, report, set_threads
 
 TARGETS = {  # what the course aims for; printed beside the figures, never asserted
     "scratch_vs_transformers": 1.0,
@@ -47,11 +46,11 @@ def _sizes(device: torch.device, quick: bool, model_size: str) -> dict:
                 repeats=2, prompt=32)
 
 
-def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
-    if loaded is not None:
+def _prompt(tokenizer, size: str, length: int, vocab: int, device) -> torch.Tensor:
+    if tokenizer is not None:
         from ...generate.chat import chat_prompt_ids
 
-        ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
+        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
         return ids.to(device)  # the whole chat prompt (38 tokens), so that greedy answers make sense
     g = torch.Generator().manual_seed(1)
     return torch.randint(3, vocab, (1, length), generator=g).to(device)
@@ -60,21 +59,11 @@ def _prompt(loaded, size: str, length: int, vocab: int, device) -> torch.Tensor:
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, graphs: bool = True,
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
-    from ...model.scratch import ScratchLlama
-
     dev = pick_device(device)
     dtype = default_dtype(dev)  # fp32 on the CPU; bf16 where the GPU has it natively, else fp16
     sizes = _sizes(dev, quick, model_size)
-    loaded = None
     log(f"loading the {model_size} model on {dev.type} ...")
-    if model_size == "default":
-        from ...weights.load import load_model
-
-        loaded = load_model(device=dev, dtype=dtype, verbose=False)
-        hf = loaded.model
-    else:
-        hf = random_llama(model_size, dev, dtype)
-    model = ScratchLlama.from_hf(hf)
+    hf, model, tokenizer = load_bench_model(model_size, dev, dtype)
     cfg = model.cfg
     elem = torch.tensor([], dtype=dtype).element_size()
     params = sum(p.numel() for p in hf.parameters())
@@ -90,7 +79,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                        "published_flops_per_s": peaks.published[0] if peaks.published else None,
                        "published_bytes_per_s": peaks.published[1] if peaks.published else None}
 
-    prompt = _prompt(loaded, model_size, sizes["prompt"], cfg.vocab_size, dev)
+    prompt = _prompt(tokenizer, model_size, sizes["prompt"], cfg.vocab_size, dev)
     p_len, reps = prompt.shape[1], sizes["repeats"]
 
     # 1. from scratch against transformers' generate, same prompt, same number of new tokens
@@ -138,6 +127,8 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     # 3. prefill at several prompt lengths, through the plain attention and through SDPA (timed in turns)
     log("prefill at several prompt lengths, plain attention and SDPA ...")
     result["prefill"] = []
+    from ...model.scratch import ScratchLlama
+
     fused = ScratchLlama.from_hf(hf, attention="sdpa")  # the same weights, torch's fused attention kernel
     for length in sizes["prefill"]:
         length = min(length, cfg.max_position_embeddings)

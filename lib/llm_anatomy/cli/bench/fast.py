@@ -36,7 +36,7 @@ from ...fast.packed import decode_bytes_per_token, difference_sources, kernel_st
 from ...fast.speculative import PromptLookupDraft, speculative_generate
 from ...texts import editing_task
 from ...fast.tiled_attention import tiled_attention
-from . import parser, progress, report, set_threads
+from . import load_bench_model, parser, progress, report, set_threads
 
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
            "tiled_peak_memory_ratio_4096": 0.1,  # a ceiling: at most a tenth
@@ -46,24 +46,18 @@ EXACT = ("plain", "fused", "fused_in_out")  # the variants whose greedy tokens m
 
 
 def _load(dev, dtype, model_size: str):
-    from ...model.scratch import ScratchLlama
-
-    if model_size == "default":
+    """The bench model (load_bench_model) and two prompts: a chat question, and an editing task that repeats itself."""
+    hf, plain, tokenizer = load_bench_model(model_size, dev, dtype)
+    if tokenizer is not None:
         from ...generate.chat import chat_prompt_ids
-        from ...weights.load import load_model
 
-        loaded = load_model(device=dev, dtype=dtype, verbose=False)
-        hf, tokenizer = loaded.model, loaded.tokenizer
         chat = chat_prompt_ids(tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}]).to(dev)
         editing = chat_prompt_ids(tokenizer, editing_task()).to(dev)
     else:
-        from ...weights.random import random_llama
-
-        hf = random_llama(model_size, dev, dtype)
         g = torch.Generator().manual_seed(0)
         chat = torch.randint(3, hf.config.vocab_size, (1, 24), generator=g).to(dev)
         editing = torch.cat([chat, chat[:, :12]], dim=1)  # a prompt that repeats itself
-    return hf, ScratchLlama.from_hf(hf), chat, editing
+    return hf, plain, chat, editing
 
 
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, compile_: bool = False,

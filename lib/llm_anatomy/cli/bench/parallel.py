@@ -37,8 +37,9 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     from ...distributed.runs import cost_run, pipeline_run, tp_run
     from ...distributed.tensor_parallel import check_tp_size, weight_bytes
     from ...generate.decode import generate_greedy
-    from ...model.scratch import ScratchConfig, ScratchLlama
-    from ...weights.cache import default_model_dir, fetch_default_model
+    from ...model.scratch import ScratchConfig
+    from ...weights.cache import fetch_default_model
+    from . import load_bench_model
 
     folder = str(fetch_default_model())
     from transformers import AutoConfig
@@ -49,12 +50,9 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
         check_stages(cfg, pp)
     backend, device = pick_backend(tp)
     new_tokens, repeats, steps = (8, 5, 6) if quick else (48, 15, 20)
-    from ...weights.load import load_model
-
     log("loading the model for the one-process reference ...")
-    loaded = load_model(device="cpu", dtype=torch.float32, verbose=False)
-    plain = ScratchLlama.from_hf(loaded.model)
-    ids = loaded.tokenizer(PROMPT, return_tensors="pt").input_ids  # [1, seq]
+    _, plain, tokenizer = load_bench_model("default", "cpu", torch.float32)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids  # [1, seq]
     with torch_threads(1):  # the ranks' thread count: the same roundings
         ref_logits = plain(ids)
         ref_tokens = generate_greedy(plain, ids, new_tokens).tokens

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ...device import dtype_named
-from . import parser, progress, report, set_threads
+from . import load_bench_model, parser, progress, report, set_threads
 
 LOAD = 0.7  # the headline trace's arrival rate, as a fraction of the continuous engine's capacity
 AIMS = {"continuous_over_static_throughput": 2.0, "paged_utilisation": 0.9, "prefix_hit_ttft_speedup": 3.0,
@@ -53,10 +53,11 @@ def _sizes(device: torch.device, quick: bool) -> dict:
 def _prefix_ratio(model, system: list[int], questions: list[list[int]], block_size: int) -> dict:
     """TTFT of each question after the system prompt, with the prefix cache cold (miss) and warm (hit)."""
     from ...serve.batching import Request
-    from ...serve.paged_kv import PagedKVPool, blocks_for
+    from ...serve.block_manager import pool_blocks
+    from ...serve.paged_kv import PagedKVPool
     from ...serve.scheduler import ContinuousScheduler
 
-    blocks = 2 * blocks_for(len(system) + max(map(len, questions)) + 8, block_size) + 4
+    blocks = pool_blocks([len(system) + max(map(len, questions)) + 8] * 2, block_size)
     miss, hit = [], []
     for question in questions:
         sched = ContinuousScheduler(model, PagedKVPool.for_model(model, blocks, block_size), 1, prefix_cache=True)
@@ -73,14 +74,15 @@ def _flattened_against_padded(model, requests, max_batch: int, budget: int, max_
     each the faster of two runs taken in turns; raises CourseError when they give different tokens."""
     from ...errors import CourseError
     from ...serve.batching import Request
-    from ...serve.paged_kv import PagedKVPool, blocks_for
+    from ...serve.block_manager import pool_blocks
+    from ...serve.paged_kv import PagedKVPool
     from ...serve.scheduler import ContinuousScheduler
 
     waiting = [Request(r.prompt, r.max_new_tokens, 0.0, r.eos_token_id) for r in requests]
     seconds, outputs = {"padded": [], "flattened": []}, {}
     for _ in range(2):
         for name in seconds:
-            pool = PagedKVPool.for_model(model, max_batch * blocks_for(max_len, block_size) + 4, block_size)
+            pool = PagedKVPool.for_model(model, pool_blocks([max_len] * max_batch, block_size), block_size)
             engine = ContinuousScheduler(model, pool, max_batch, budget, flatten=name == "flattened")
             outputs[name] = [r.output for r in engine.run(waiting)]
             seconds[name].append(engine.now)
@@ -100,22 +102,15 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     from ...measure.timing import decode_tokens_per_s
     from ...serve.metrics import (poisson_trace, serving_metrics, sharegpt_like_lengths, simulate_utilisation,
                                   transformers_generate_batch)
-    from ...weights.random import random_llama
-    from ...serve.paged_kv import PagedKVPool, blocks_for
+    from ...serve.block_manager import pool_blocks
+    from ...serve.paged_kv import PagedKVPool
     from ...serve.scheduler import ContinuousScheduler
-    from ...model.scratch import ScratchLlama
 
     dev = pick_device(device)
     torch_dtype = dtype_named(dtype)
     sizes = _sizes(dev, quick)
     log(f"loading the {model_size} model on {dev.type} in {dtype} ...")
-    if model_size == "default":
-        from ...weights.load import load_model
-
-        hf = load_model(device=dev, dtype=torch_dtype, verbose=False).model
-    else:
-        hf = random_llama(model_size, dev, torch_dtype)
-    model = ScratchLlama.from_hf(hf)
+    hf, model, _ = load_bench_model(model_size, dev, torch_dtype)
     vocab, block_size = model.cfg.vocab_size, 16
     result = {"device": dev.type, "dtype": dtype, "model": model_size, "threads": torch.get_num_threads(),
               "quick": quick, "aims": AIMS}
@@ -167,7 +162,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     together = [r.fresh() for r in trace[:sizes["cb_requests"]]]
     for r in together:
         r.arrival_s, r.max_new_tokens = 0.0, sizes["cb_tokens"]
-    blocks = len(together) * blocks_for(most + sizes["cb_tokens"], block_size) + 8
+    blocks = pool_blocks([most + sizes["cb_tokens"]] * len(together), block_size, spare=8)
     ours_s, ours, theirs_s = {"padded": [], "flattened": []}, {}, []
     for _ in range(2):
         for name in ours_s:  # the wall clock around the whole run (the scheduler's own work too), as theirs is
