@@ -277,24 +277,57 @@ def test_one_table_of_number_formats():
                                  path.read_text()), f"{name} has its own table of number formats: use device.DTYPES"
 
 
-POOL_SIZING = re.compile(r"blocks_for\([^\n]*\)\s*\+\s*\d")  # "blocks_for(n, size) + 4": a pool sized by hand
+def _hand_sized_pools(tree) -> list[str]:
+    """Pools sized by hand: a constant added to blocks_for(...), or a pool made (PagedKVPool.for_model) with a number
+    of blocks worked out in place from a sum (`(LONG + 64) // 16 + 8`) instead of pool_blocks."""
+    def calls(node, name):
+        return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == name
+                   for n in ast.walk(node))
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Constant) \
+                and calls(node.left, "blocks_for"):
+            found.append(ast.unparse(node))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "for_model":
+            blocks = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "num_blocks"), None)
+            if isinstance(blocks, ast.BinOp) and not calls(blocks, "pool_blocks"):
+                found.append(ast.unparse(blocks))
+    return found
+
+
+def _code_cells(notebook: Path):
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            try:
+                yield ast.parse(source)
+            except SyntaxError:  # a cell with a shell escape: not Python
+                continue
 
 
 def test_one_pool_sizing():
     """A KV pool is sized by serve.block_manager.pool_blocks only (once four modules and notebook 08 each added
-    their own spare blocks to blocks_for)."""
-    assert POOL_SIZING.search("max_batch * blocks_for(max_len, block_size) + 4")  # the rule sees the old sizing
+    their own spare blocks to blocks_for, or worked the count out in place)."""
+    seen = _hand_sized_pools(ast.parse("n = max_batch * blocks_for(max_len, size) + 4\n"
+                                       "p = PagedKVPool.for_model(m, num_blocks=(LONG + 64) // 16 + 8, block_size=16)\n"
+                                       "q = PagedKVPool.for_model(m, pool_blocks([n] * 2, 16), 16)\n"
+                                       "blocks_for(len(p) + 1, 4)\n"))
+    assert seen == ["max_batch * blocks_for(max_len, size) + 4", "(LONG + 64) // 16 + 8"]  # the rule sees both
     for name, path in modules().items():
         if name != "llm_anatomy.serve.block_manager":
-            assert not POOL_SIZING.search(path.read_text()), f"{name} sizes a pool by hand: use pool_blocks"
+            found = _hand_sized_pools(ast.parse(path.read_text()))
+            assert not found, f"{name} sizes a pool by hand ({found}): use pool_blocks"
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        code = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code")
-        assert not POOL_SIZING.search(code), f"{notebook.name} sizes a pool by hand: use pool_blocks"
+        found = [f for tree in _code_cells(notebook) for f in _hand_sized_pools(tree)]
+        assert not found, f"{notebook.name} sizes a pool by hand ({found}): use pool_blocks"
 
 
 def test_one_bench_model_loader():
     """The model benchmarks load their model through cli.bench.load_bench_model, not load_model or random_llama
-    each (the stepper's benchmark drives the widget, which takes the loaded model whole)."""
+    each (the stepper's benchmark drives the widget, which takes the loaded model whole; the load benchmark times
+    load_model itself, in a fresh process)."""
     for name, path in modules().items():
         if name.startswith("llm_anatomy.cli.bench.") and name not in {"llm_anatomy.cli.bench.stepper",
                                                                          "llm_anatomy.cli.bench.load"}:

@@ -9,8 +9,8 @@
     generate/   sampling decode session steps chat   05 Generation, 06 (the one decoding loop: prefill, decode_step)
     measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with:
                 exactness stats quality                 the checks against transformers, chi-squared, quality losses
-    serve/      batching paged_kv prefix_cache ...   08 Serving many users (paged_attention scheduler selective
-                                                        metrics cost load)
+    serve/      batching paged_kv prefix_cache ...   08 Serving many users (paged_attention block_manager scheduler
+                                                        model_runner sampler selective flat_step metrics cost load)
     fast/       gguf_blocks quantize packed ...      09 Making decode fast (speculative sampling_check tiled_attention
                                                         fused)
     distributed/ tensor_parallel pipeline ...    10 Beyond one device (collectives launch runs)

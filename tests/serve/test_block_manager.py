@@ -53,6 +53,7 @@ def test_make_room_evicts_only_blocks_the_cache_alone_holds_and_books_nothing():
     bm.keep(list(range(8)), table)  # both blocks cached, still held by the table too
     rows = [([], 8)]  # a new row needs 2 blocks; 2 are free
     assert bm.make_room(rows) and bm.pool.allocator.num_free == 2  # enough: nothing evicted, nothing booked
+    assert bm.cached() == sorted(table)
     assert not bm.make_room([([], 16)])  # 4 blocks: the cached ones are still held by their table
     bm.release(table)
     assert bm.make_room([([], 16)]) and bm.cached() == [] and bm.pool.allocator.num_free == 4  # evicted for room

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llm_anatomy.errors import CourseError
+from llm_anatomy.serve.block_manager import pool_blocks
 from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for, slot_mapping
 from llm_anatomy.generate.decode import decode_step, prefill
 from llm_anatomy.model.scratch import ScratchLlama
@@ -114,7 +115,8 @@ def test_the_pool_hands_out_blocks_all_or_none(tiny):
 def test_tiny_model_paged_equals_contiguous_bit_for_bit(tiny, block_size):
     ids = torch.randint(3, 128, (2, 21), generator=torch.Generator().manual_seed(block_size))  # 21: mid-block for 4, 16
     new = 20
-    pool = PagedKVPool.for_model(tiny, num_blocks=2 * blocks_for(21 + new, block_size) + 3, block_size=block_size)
+    pool = PagedKVPool.for_model(tiny, num_blocks=pool_blocks([21 + new] * 2, block_size, spare=3),
+                                block_size=block_size)
     paged = pool.new_cache(2)
     tok_p, log_p = _decode(tiny, ids, paged, new)
     tok_c, log_c = _decode(tiny, ids, tiny.new_cache(2, 21 + new), new)

@@ -41,11 +41,18 @@ def test_draws_come_from_the_requests_own_generator_seeded_by_its_params():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(settings={"temperature": 1.0}), "SamplingSettings"), (dict(seed=1.5), "seed"), (dict(seed=True), "seed"),
+    (dict(settings={"temperature": 1.0}), "settings must be a SamplingSettings"), (dict(seed=1.5), "seed"), (dict(seed=True), "seed"),
     (dict(penalties=2.0), "Penalties"), (dict(top_logprobs=-1), "top_logprobs"), (dict(top_logprobs=True), "top_logprobs")])
 def test_bad_parameters_are_refused(kwargs, message):
     with pytest.raises(CourseError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_penalties_all_off_are_no_penalties():
+    assert SamplingParams(penalties=Penalties()) == SamplingParams() and SamplingParams(penalties=Penalties()).greedy
+    request = Request([1, 4], 2, params=SamplingParams(penalties=Penalties(), top_logprobs=0))
+    logits = LOGITS.to(torch.bfloat16)
+    assert sample(request, logits) == 1 and request.logprobs == [token_logprobs(logits, 1, 0)]
 
 
 def test_a_request_takes_only_sampling_params():

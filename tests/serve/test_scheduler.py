@@ -278,7 +278,7 @@ def test_plan_is_a_pure_choice_of_rows_from_the_running_admissions():
 
 
 def test_schedule_books_blocks_but_runs_no_model(tiny):
-    class NoModel:  # every model attribute the runner would touch is missing
+    class NoModel:  # a model's configuration and place only: calling it would raise
         cfg, device, dtype = tiny.cfg, tiny.device, tiny.dtype
 
     sched = ContinuousScheduler(NoModel(), PagedKVPool.for_model(tiny, 16, 4), max_batch=2, max_batched_tokens=6)

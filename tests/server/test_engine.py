@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_anatomy.errors import CourseError
+from llm_anatomy.serve.sampler import SamplingParams
 from llm_anatomy.server.engine import EngineLoop, admission
 
 
@@ -71,7 +72,7 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     engine.flush = lambda timeout_s: order.append(("flush", timeout_s))
     engine.start()
     try:
-        engine.submit([5, 6, 7, 8], 6, SamplingSettings(0.0), 0, [], None, put, name="t", received_s=engine.clock())
+        engine.submit([5, 6, 7, 8], 6, SamplingParams(SamplingSettings(0.0)), [], put, name="t", received_s=engine.clock())
         assert finished.wait(60)
     finally:
         engine.stop()
@@ -81,29 +82,33 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     assert record["received_s"] <= record["arrival_s"] <= record["first_token_s"] <= time.monotonic() - engine.t0
 
 
-def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scratch_tiny):
+def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scratch_tiny, monkeypatch):
     # each token the scheduler chose is the argmax of Penalties.apply on that step's logits (the session's code),
     # and a strong frequency penalty changes a greedy answer that repeats itself
     import torch
 
     from llm_anatomy.generate.penalties import Penalties
     from llm_anatomy.serve.batching import Request
-    from llm_anatomy.serve.sampler import SamplingParams
     from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.serve import scheduler
     from llm_anatomy.serve.scheduler import ContinuousScheduler
 
     penalties = Penalties(presence=1.5, frequency=2.0)
+    sample = scheduler.sample
 
-    class Watched(ContinuousScheduler):
-        def choose(self, request, logits):
-            token = super().choose(request, logits)
-            expected = int(penalties.apply(logits, request.prompt, request.output).argmax())
-            seen.append((token, expected, int(logits.argmax())))
-            return token
+    def watched(request, logits):  # the scheduler's sampler, watched
+        token = sample(request, logits)
+        expected = int(penalties.apply(logits, request.prompt, request.output).argmax())
+        seen.append((token, expected, int(logits.argmax())))
+        return token
+
+    monkeypatch.setattr(scheduler, "sample", watched)
 
     def run(with_penalties):
-        sched = Watched(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None, clock=lambda: 0.0)
-        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, params=SamplingParams(penalties=penalties if with_penalties else None)))
+        sched = ContinuousScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None,
+                                    clock=lambda: 0.0)
+        params = SamplingParams(penalties=penalties if with_penalties else None)
+        request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, params=params))
         for _ in range(20):
             if not sched.step():
                 break
@@ -111,10 +116,10 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
 
     seen = []
     plain = run(False)
-    assert all(token == greedy for token, _, greedy in seen)  # no penalties: the raw argmax
+    assert len(seen) == 12 and all(token == greedy for token, _, greedy in seen)  # no penalties: the raw argmax
     seen = []
     penalized = run(True)
-    assert all(token == expected for token, expected, _ in seen)
+    assert len(seen) == 12 and all(token == expected for token, expected, _ in seen)
     assert len(set(penalized)) > len(set(plain)) or penalized != plain
     assert torch.is_tensor(penalties.apply(torch.zeros(8), [1], [2]))  # the session's helper, unchanged
 
@@ -127,7 +132,7 @@ def test_a_queue_limit_of_0_takes_a_request_that_a_free_slot_will_take_and_refus
 
     engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=0)
     for _ in range(2):  # two free slots (the engine is not started: nothing is admitted yet)
-        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+        engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
     with pytest.raises(APIError) as refused:
-        engine.submit([1, 2, 3], 2, SamplingSettings(0.0), 0, [], None, lambda event: None)
+        engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
     assert refused.value.status == 429 and engine.waiting == 2

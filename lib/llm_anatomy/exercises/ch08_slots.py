@@ -4,8 +4,8 @@ An iteration of the scheduler hands the model each request's block table and the
 prompt chunk, or one decode position). Before attention, every new K and V is written to its slot in the pool,
 counted flat over the blocks: position p of a request sits in physical block table[p // block_size], at offset
 p % block_size, so in slot block x block_size + offset (vLLM's `slot_mapping`). The check compares the learner's
-function with where the engine itself writes (paged_kv.RaggedPagedView, which ContinuousScheduler makes every
-iteration) on iterations the notebook never showed, with the library's slot_mapping and the view refused while the
+function with where the engine itself writes (paged_kv.RaggedPagedView, which the engine's model runner makes
+every iteration) on iterations the notebook never showed, with the library's slot_mapping and the view refused while the
 learner's code runs, and names each typical mistake.
 """
 

@@ -1,12 +1,13 @@
 """The block manager: which blocks of the paged pool each running request holds, and the prefix cache beside them.
 
 The scheduler decides who runs; this decides whether the pool can hold it, as nano-vllm's BlockManager does. It
-answers three questions and keeps the books that follow from the answers:
-    can these prompts join?     `admission_needs`: the new blocks each needs past its cached prefix, and the room
+answers two questions and keeps the books that follow from the answers:
+    can these prompts join?     `admission_needs`: the new blocks each needs past its cached prefix, and the room;
+                                `take_prefix` then hands a joiner its cached blocks
     can this iteration run?     `make_room`: the blocks its rows lack against the free ones (evicting cached blocks
-                                that nobody else holds, least recently used first)
-    what does a leaver give back? `release`: its blocks, after keeping its full blocks in the prefix cache
-Block tables are plain lists of block ids (paged_kv.py), kept on the scheduler's Admission.
+                                that nobody else holds, least recently used first); `grow` then books them
+and when a request leaves, `keep` puts a finished one's full blocks in the prefix cache and `release` lets go of its
+table. Block tables are plain lists of block ids (paged_kv.py), kept on the scheduler's Admission.
 """
 
 from __future__ import annotations

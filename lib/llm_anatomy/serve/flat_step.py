@@ -12,7 +12,7 @@ new tokens (1 for a decode, a chunk for a prompt), become ONE pass:
     per layer: norms, q/k/v/o projections, MLP on the whole stream; K and V written by slot; attention per row:
         a row with one new token: paged_decode_attention (the blocks read in place, no copy)
         a prompt chunk: its own cached + new positions, causal within the chunk (its blocks, its length only)
-    LM head on each row's last new token only           [rows, vocab]     what the scheduler picks from
+    LM head on each row's last new token only           [rows, vocab]     what the sampler picks from
 
 None of this is a second forward pass: `FlatPagedBatch` is one more cache (a KVCacheInterface), and the model's own
 trace runs the step. The cache lays the rows end to end (selective.FlatBatch), writes K and V through the pool's

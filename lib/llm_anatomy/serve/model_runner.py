@@ -3,7 +3,7 @@
 A row is a request's new tokens (one for a decode, more for a prompt chunk), its block table and how many of its
 positions are cached already. The runner turns the rows into model calls through the course's one forward pass and
 gives back each row's logits for its last new token: what the sampler needs. Two ways, the same tokens:
-    padded (default): one decode call for the rows with one new token and one call for the prompt chunks, each
+    padded (default): one decode call for the decode rows (the first `decodes`) and one for the prompt chunks, each
         left-padded to its longest row and read through the pool's one reader (paged_kv.RaggedPagedView);
     flattened: every row end to end in one call with no padding (flat_step.py), as vLLM and SGLang run an iteration.
 Each call goes through `call` (batching.Engine.call), which times it on the engine's clock.

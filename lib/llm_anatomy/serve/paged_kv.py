@@ -19,7 +19,7 @@ Blocks can be shared. fork() gives a new sequence the same block table and raise
 reference count, so a common prompt is stored once; a sequence about to write into a block that
 another still holds first copies it (copy-on-write). This is the idea of vLLM's PagedAttention.
 
-One reader of the pool, `RaggedPagedView` (made per iteration by the scheduler, per step by PagedSequenceCache),
+One reader of the pool, `RaggedPagedView` (made per model call by the model runner, per step by PagedSequenceCache),
 gathers each row's blocks into one `[rows, kv_heads, length, head_dim]` tensor for attention: a copy that
 paged_attention.py shows how to avoid. `PagedKVPool.allocate` hands out every block, all or none.
 """

@@ -20,7 +20,7 @@ from ..generate.sampling import SamplingSettings, sample_with, seeded_generator,
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its tokens. settings: a SamplingSettings (None: greedy); seed: its generator's seed;
-    penalties: a Penalties (None: none); top_logprobs: record each token's logprob and this many alternatives (None:
+    penalties: a Penalties (None, or one with every penalty off: none); top_logprobs: record each token's logprob and this many alternatives (None:
     nothing). The default is notebook 08's greedy request."""
 
     settings: SamplingSettings | None = None
@@ -30,11 +30,13 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.settings is not None and not isinstance(self.settings, SamplingSettings):
-            raise CourseError(f"sampling must be a SamplingSettings (or None for greedy), not {self.settings!r}.")
+            raise CourseError(f"settings must be a SamplingSettings (or None for greedy), not {self.settings!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise CourseError(f"seed must be a whole number, not {self.seed!r}.")
         if self.penalties is not None and not isinstance(self.penalties, Penalties):
             raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...) or None.")
+        if self.penalties is not None and not self.penalties.active:
+            object.__setattr__(self, "penalties", None)  # all off: nothing to apply (and the logits keep their dtype)
         top = self.top_logprobs
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
             raise CourseError(f"top_logprobs must be None or a whole number >= 0, not {top!r}.")

@@ -94,7 +94,8 @@ def plan(running: list[Admission], max_batched_tokens: int | None, prefill_first
 
 
 class Plan(NamedTuple):
-    """What one iteration does: who joined and who was preempted to make room, then the rows it runs."""
+    """What one iteration does: who joined and who was preempted to make room (a request that joined can be preempted
+    in the same iteration, and is then in both), then the rows it runs."""
 
     admitted: list[Request]
     preempted: list[Request]

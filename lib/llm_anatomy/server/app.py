@@ -33,6 +33,7 @@ from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
 from ..generate.penalties import Penalties
 from ..generate.sampling import SamplingSettings
+from ..serve.sampler import SamplingParams
 from . import schemas
 from .sizing import check_max_waiting
 from .schemas import APIError, ChatRequest, CompletionRequest
@@ -194,9 +195,9 @@ class Server:
     async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens, received: float):
         max_tokens = self._limits(len(ids), max_tokens)
         top_k = None if req.top_k in (None, 0, -1) else req.top_k
-        sampling = SamplingSettings(req.temperature, top_k, req.top_p, req.min_p)
         penalties = Penalties(presence=req.presence_penalty, frequency=req.frequency_penalty)  # checked: 400 if bad
-        seed = req.seed if req.seed is not None else random.getrandbits(63)
+        params = SamplingParams(SamplingSettings(req.temperature, top_k, req.top_p, req.min_p),
+                                req.seed if req.seed is not None else random.getrandbits(63), penalties, top_logprobs)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def put(event):  # from the engine thread
@@ -204,8 +205,7 @@ class Server:
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        live = self.engine.submit(ids, max_tokens, sampling, seed, req.stops(), top_logprobs, put, name=name,
-                                  received_s=received, penalties=penalties)
+        live = self.engine.submit(ids, max_tokens, params, req.stops(), put, name=name, received_s=received)
         reply = _Reply(name, int(time.time()), self.name, kind, len(ids))
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",

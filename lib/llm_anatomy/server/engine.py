@@ -35,8 +35,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..generate.chat import end_of_turn_ids
-from ..generate.penalties import Penalties
-from ..generate.sampling import SamplingSettings
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
@@ -138,17 +136,12 @@ class EngineLoop:
         """The queue's limit now: max_waiting, or with "auto" the one sized from the TTFT objective (sizing.py)."""
         return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
 
-    def submit(self, prompt: list[int], max_tokens: int, sampling: SamplingSettings, seed: int,
-               stops: list[str], top_logprobs: int | None, put, name: str = "", received_s: float | None = None,
-               penalties: Penalties | None = None) -> Live:
+    def submit(self, prompt: list[int], max_tokens: int, params: SamplingParams, stops: list[str], put,
+               name: str = "", received_s: float | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        received_s: when its handler had the whole body (engine clock), for the record of where the server's time
-        went;
-        penalties: a generate.penalties.Penalties (None: none)."""
-        if isinstance(penalties, Penalties) and not penalties.active:
-            penalties = None  # nothing to apply
-        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id,  # refuses wrong params
-                          params=SamplingParams(sampling, seed, penalties, top_logprobs))
+        params: how its tokens are picked (serve.sampler.SamplingParams); received_s: when its handler had the whole
+        body (engine clock), for the record of where the server's time went."""
+        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, params=params)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # those that the free batch slots will take at the next step do not wait
             free_slots = self.scheduler.max_batch - len(self.scheduler.running)
