@@ -120,8 +120,7 @@ def test_every_cache_of_the_course_has_the_one_interface(tiny_model):
     model runs on each of them the same way."""
     from llm_anatomy.generate.decode import SlotWriter
     from llm_anatomy.model.kv_cache import KVCacheInterface
-    from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.serve.scheduler import RaggedPagedView
+    from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView
 
     model = ScratchLlama.from_hf(tiny_model)
     pool = PagedKVPool.for_model(model, num_blocks=8, block_size=4)

@@ -22,16 +22,13 @@ from pathlib import Path
 
 from ..errors import CourseError
 
-# run in the child before anything else: exit when the parent that started us is gone
-WATCH_PARENT = ("import os, threading, time\n"
-                "def _watch(parent=os.getppid()):\n"
-                "    while os.getppid() == parent:\n"
-                "        time.sleep(0.5)\n"
-                "    os._exit(0)\n"
-                "threading.Thread(target=_watch, daemon=True).start()\n")
-
-
 _LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never goes through a proxy
+
+
+def _course_on_path() -> dict:
+    """The environment's one change for a child: the course's lib/ first on PYTHONPATH (it imports this package)."""
+    lib = str(Path(__file__).resolve().parents[2])
+    return {"PYTHONPATH": os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 
 
 def free_port() -> int:
@@ -110,8 +107,7 @@ class ServerProcess:
     def ours(cls, *options: str, port: int | None = None, **kwargs) -> "ServerProcess":
         """`python -m llm_anatomy serve --port P --exit-with-parent OPTIONS...` (this Python, this course)."""
         port = port or free_port()
-        lib = str(Path(__file__).resolve().parents[2])  # the course's lib/: the child imports this very package
-        env = {"PYTHONPATH": os.pathsep.join([lib] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        env = _course_on_path()
         key = next((options[i + 1] for i, o in enumerate(options[:-1]) if o == "--api-key"), None)
         argv = [sys.executable, "-m", "llm_anatomy", "serve", "--port", str(port), "--exit-with-parent", *options]
         return cls(argv, port, env=env, label="ours", api_key=key, **kwargs)
@@ -121,9 +117,10 @@ class ServerProcess:
         """`transformers serve MODEL_DIR --continuous-batching` on 127.0.0.1, offline, watched like ours."""
         port = port or free_port()
         args = ["serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *options]
-        code = WATCH_PARENT + f"import sys\nsys.argv = ['transformers'] + {args!r}\n" + \
-            "from transformers.cli.transformers import main\nsys.exit(main())\n"
-        return cls([sys.executable, "-c", code], port, label="transformers", **kwargs)
+        code = ("from llm_anatomy.server.launch import watch_parent\nwatch_parent()\n"  # first: exit with the parent
+                f"import sys\nsys.argv = ['transformers'] + {args!r}\n"
+                "from transformers.cli.transformers import main\nsys.exit(main())\n")
+        return cls([sys.executable, "-c", code], port, env=_course_on_path(), label="transformers", **kwargs)
 
     @property
     def url(self) -> str:
