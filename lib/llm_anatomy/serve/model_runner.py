@@ -35,7 +35,7 @@ class ModelRunner:
             if rows:
                 parts.append(self._padded(kind, [tokens[i] for i in rows], [tables[i] for i in rows],
                                           [cached[i] for i in rows]))
-        return torch.cat(parts)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _padded(self, kind: str, tokens, tables, cached) -> torch.Tensor:
         ids, _ = left_pad(tokens, device=self.model.device)  # [rows, longest]

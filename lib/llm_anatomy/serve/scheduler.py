@@ -196,8 +196,8 @@ class ContinuousScheduler(Engine):
         admitted = self._admit()
         preempted = []
         while True:
-            decoders, chunks = plan(self.running, self.max_batched_tokens, self.prefill_first)
-            rows = [(a.blocks, a.computed + n) for a, n in [(a, 1) for a in decoders] + chunks]
+            step = Plan(admitted, preempted, *plan(self.running, self.max_batched_tokens, self.prefill_first))
+            rows = [(a.blocks, a.computed + n) for a, n in step.rows]  # each table, grown to hold its new tokens
             if self.blocks.make_room(rows):
                 break
             if len(self.running) == 1:  # cannot happen: submit() refuses a request the whole pool cannot hold
@@ -205,7 +205,7 @@ class ContinuousScheduler(Engine):
             preempted.append(self.running[-1].request)
             self._release(self.running[-1], finished=False)  # it is recomputed later
         self.blocks.grow(rows)
-        return Plan(admitted, preempted, decoders, chunks)
+        return step
 
     def postprocess(self, step: Plan, logits: torch.Tensor | None) -> None:
         """Count the new cached positions; a row whose tokens are now all cached gets its next token from its logits

@@ -59,6 +59,8 @@ def _prompt(tokenizer, size: str, length: int, vocab: int, device) -> torch.Tens
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, graphs: bool = True,
         log=lambda message: None) -> dict:
     """Run every measurement and return the figures as a dict (what --json prints)."""
+    from ...model.scratch import ScratchLlama
+
     dev = pick_device(device)
     dtype = default_dtype(dev)  # fp32 on the CPU; bf16 where the GPU has it natively, else fp16
     sizes = _sizes(dev, quick, model_size)
@@ -127,8 +129,6 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     # 3. prefill at several prompt lengths, through the plain attention and through SDPA (timed in turns)
     log("prefill at several prompt lengths, plain attention and SDPA ...")
     result["prefill"] = []
-    from ...model.scratch import ScratchLlama
-
     fused = ScratchLlama.from_hf(hf, attention="sdpa")  # the same weights, torch's fused attention kernel
     for length in sizes["prefill"]:
         length = min(length, cfg.max_position_embeddings)
