@@ -136,3 +136,23 @@ def test_a_queue_limit_of_0_takes_a_request_that_a_free_slot_will_take_and_refus
     with pytest.raises(APIError) as refused:
         engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
     assert refused.value.status == 429 and engine.waiting == 2
+
+
+def test_a_request_the_scheduler_has_just_admitted_is_not_counted_as_waiting_too(scratch_tiny, reference_tokenizer):
+    # The handler decides while the engine thread runs: between the scheduler admitting a request and the engine
+    # handing out its first events, the request is running already. Counting it as running and as waiting refused
+    # clients that the queue had room for (two slots, a queue of one: the third request must wait, the fourth not).
+    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.server.schemas import APIError
+
+    engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=1)
+    submit = lambda: engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)  # noqa: E731
+    first, _ = submit(), submit()
+    engine.scheduler.submit(first.request)  # what the engine thread does next, up to the admission of the first
+    engine.scheduler.now = engine.clock()
+    engine.scheduler.schedule()
+    assert len(engine.scheduler.running) == 1 and engine.waiting == 2  # admitted, not yet handed out
+    submit()  # two in flight, two slots: this one waits, the queue's one place
+    with pytest.raises(APIError) as refused:
+        submit()
+    assert refused.value.status == 429 and "1 requests are waiting" in refused.value.message

@@ -105,6 +105,9 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._unadmitted = 0  # submitted, not yet admitted (in the inbox or the scheduler's queue)
+        # submitted, not yet ended: counted here, under the lock, not read from the scheduler, which the engine thread
+        # changes meanwhile (a request it has just admitted would be counted as running and as waiting)
+        self._in_flight = 0
         self._live: dict[int, Live] = {}  # request id -> Live (engine thread only)
         self._stop = threading.Event()
         self.flush = None  # flush(timeout_s): returns once the event loop has sent what was handed out (app.py)
@@ -143,11 +146,10 @@ class EngineLoop:
         body (engine clock), for the record of where the server's time went."""
         request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, params=params)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
-        with self._lock:  # those that the free batch slots will take at the next step do not wait
-            free_slots = self.scheduler.max_batch - len(self.scheduler.running)
-            queued = max(0, self._unadmitted - free_slots)
-            ok, retry_after = (True, 0) if self._unadmitted < free_slots else \
-                admission(queued, self.queue_limit(), self.seconds_per_admission())  # a free slot: it never waits
+        with self._lock:  # requests in flight beyond the batch slots wait; one that a free slot will take does not
+            queued = max(0, self._in_flight - self.scheduler.max_batch)
+            ok, retry_after = (True, 0) if self._in_flight < self.scheduler.max_batch else \
+                admission(queued, self.queue_limit(), self.seconds_per_admission())
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
@@ -155,6 +157,7 @@ class EngineLoop:
                                     f"it queues. Retry after {retry_after} s.", "requests", code="rate_limit_exceeded",
                                headers={"Retry-After": str(retry_after)})
             self._unadmitted += 1
+            self._in_flight += 1
         request.arrival_s = self.clock()
         live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
                     received_s=received_s)
@@ -264,6 +267,8 @@ class EngineLoop:
             self.scheduler.cancel(r.id)
         if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
             self._admitted(live)
+        with self._lock:
+            self._in_flight -= 1
         live.finish = reason
         self._live.pop(r.id, None)
         record = {"id": r.id, "name": live.name, "arrival_s": r.arrival_s, "admitted_s": r.admitted_s,
