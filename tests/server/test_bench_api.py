@@ -10,7 +10,7 @@ import pytest
 
 from conftest import KEY
 from llm_anatomy.errors import CourseError
-from llm_anatomy.server.client import Result, percentile, summarize
+from llm_anatomy.server.client import Result, summarize
 
 
 def test_bench_api_measures_a_running_server(server, model_id, capsys):
@@ -37,8 +37,10 @@ def test_the_summary_is_vllms_figures_from_the_clients_records():
     assert out["median_ttft_ms"] == pytest.approx(1100) and out["mean_itl_ms"] == pytest.approx(400 / 3)
     assert out["goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
     assert ok.tpot_s == pytest.approx(0.15) and ok.e2e_s == pytest.approx(0.5)
-    assert percentile([1, 2, 3, 4], 50) == 2.5 and math.isnan(percentile([], 99))
-    assert percentile([4, 1, 3, 2, math.nan], 99) == pytest.approx(3.97)  # linear between the two nearest; NaN left out
+    assert out["p99_ttft_ms"] == pytest.approx(1982)  # linear between the two nearest, numpy's way
+    assert out["p99_tpot_ms"] == pytest.approx(100 + 0.99 * 50)  # between 0.1 and 0.15 s
+    nothing = summarize([refused], duration_s=1.0)
+    assert all(math.isnan(nothing[f"{s}_ttft_ms"]) for s in ("mean", "median", "p99")) and nothing["completed"] == 0
 
 
 def test_the_server_latency_is_split_into_the_handlers_part_and_the_rest():

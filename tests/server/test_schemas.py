@@ -60,8 +60,9 @@ def test_missing_fields_and_bodies_that_are_not_json_objects():
 def test_one_sse_event_is_what_the_openai_client_reads_back():
     from openai._streaming import SSEDecoder
 
-    chunk = schemas.chat_chunk("chatcmpl-1", 0, "m", {"content": "caf\u00e9\n\ndata: x"})
-    raw = schemas.sse(chunk) + schemas.sse(schemas.chat_chunk("chatcmpl-1", 0, "m", {}, finish="stop")) + schemas.DONE
+    reply = schemas.Reply("chatcmpl-1", 0, "m", "chat")
+    chunk = reply.chunk("caf\u00e9\n\ndata: x")
+    raw = schemas.sse(chunk) + schemas.sse(reply.chunk({}, finish="stop")) + schemas.DONE
     assert schemas.sse(chunk).endswith(b"\n\n") and schemas.sse(chunk).count(b"\n") == 2  # one line, then the end
     events = list(SSEDecoder().iter_bytes(iter([raw[:7], raw[7:40], raw[40:]])))  # cut anywhere: the same events
     assert [e.data for e in events[-1:]] == ["[DONE]"]

@@ -62,13 +62,12 @@ def serving_metrics(requests, ttft_target_s: float | None = None, tpot_target_s:
     e2e = [r.end_to_end_s for r in served]
     good = [r for r in served if (ttft_target_s is None or r.ttft_s <= ttft_target_s)
             and (tpot_target_s is None or r.mean_token_gap_s <= tpot_target_s)]
-    return {"requests": len(served), "output_tokens": tokens, "seconds": seconds,
-            "throughput_tok_s": tokens / seconds if seconds > 0 else math.inf,
-            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
-            "tpot_p50_s": float(np.percentile(tpot, 50)), "tpot_p99_s": float(np.percentile(tpot, 99)),
-            "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good),
-            "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99)),
-            "e2e_p50_s": float(np.percentile(e2e, 50)), "e2e_p99_s": float(np.percentile(e2e, 99))}
+    out = {"requests": len(served), "output_tokens": tokens, "seconds": seconds,
+           "throughput_tok_s": tokens / seconds if seconds > 0 else math.inf,
+           "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good)}
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
+        out[f"{name}_p50_s"], out[f"{name}_p99_s"] = map(float, np.percentile(values, [50, 99]))
+    return out
 
 
 def rows_held_when_done_s(requests) -> float:

@@ -206,11 +206,15 @@ class Server:
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         live = self.engine.submit(ids, max_tokens, params, req.stops(), put, name=name, received_s=received)
-        reply = _Reply(name, int(time.time()), self.name, kind, len(ids))
+        reply = schemas.Reply(name, int(time.time()), self.name, kind)
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._whole(request, live, events, reply)
+
+    @staticmethod
+    def _usage(live, record: dict) -> dict:
+        return schemas.usage(len(live.request.prompt), record["completion_tokens"], record["cached_tokens"])
 
     async def _stream(self, live, events, reply):
         try:
@@ -219,14 +223,14 @@ class Server:
             while True:
                 event = await events.get()
                 if event[0] == "text":
-                    data = schemas.sse(reply.chunk(event[1], logprobs=event[2]))
+                    data = schemas.sse(reply.chunk(event[1], logprobs=event[2] or None))
                     if live.first_sent_s is None and event[1]:
                         live.first_sent_s = self.engine.clock()
                     yield data
                 elif event[0] == "finish":
                     event[2]["first_sent_s"] = live.first_sent_s  # the record was made before, on the engine thread
                     yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1],
-                                                  usage_=reply.usage(event[2])))
+                                                  usage_=self._usage(live, event[2])))
                     break
                 else:  # the engine failed: the status is sent already, so the error is an event (as OpenAI does)
                     yield schemas.sse(APIError(500, event[1], "server_error").body())
@@ -250,39 +254,11 @@ class Server:
                     text.append(event[1])
                     entries += event[2]
                 elif event[0] == "finish":
-                    return JSONResponse(reply.whole("".join(text), event[1], entries if live.request.params.top_logprobs
-                                                    is not None else None, reply.usage(event[2])))
+                    asked = live.request.params.top_logprobs is not None
+                    return JSONResponse(reply.whole("".join(text), event[1], entries if asked else None,
+                                                    self._usage(live, event[2])))
                 else:
                     return _error(APIError(500, event[1], "server_error"))
         finally:
             if live.finish is None:
                 self.engine.cancel(live)
-
-
-class _Reply:
-    """What every chunk of one answer shares (its id, time, model), and how its chunks are written."""
-
-    def __init__(self, rid: str, created: int, model: str, kind: str, prompt_tokens: int):
-        self.id, self.created, self.model, self.kind, self.prompt_tokens = rid, created, model, kind, prompt_tokens
-        self.offset = 0  # characters streamed so far (the legacy logprobs' text_offset)
-
-    def chunk(self, delta, finish=None, logprobs=None, usage_=None) -> dict:
-        entries = [schemas.logprob_entry(e["token"], e["logprob"], e["top"]) for e in logprobs] if logprobs else None
-        if self.kind == "chat":
-            if isinstance(delta, str):
-                delta = {"content": delta}
-            return schemas.chat_chunk(self.id, self.created, self.model, delta, finish, entries, usage_)
-        chunk = schemas.completion_chunk(self.id, self.created, self.model, delta, finish, entries, usage_, self.offset)
-        self.offset += len(delta)
-        return chunk
-
-    def whole(self, text: str, finish: str, logprobs, usage_: dict) -> dict:
-        entries = [schemas.logprob_entry(e["token"], e["logprob"], e["top"]) for e in logprobs or []]
-        if self.kind == "chat":
-            return schemas.chat_response(self.id, self.created, self.model, text, finish,
-                                         entries if logprobs is not None else None, usage_)
-        return schemas.completion_chunk(self.id, self.created, self.model, text, finish,
-                                        entries if logprobs is not None else None, usage_)
-
-    def usage(self, record: dict) -> dict:
-        return schemas.usage(self.prompt_tokens, record["completion_tokens"], record["cached_tokens"])

@@ -24,6 +24,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import CourseError
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
 
@@ -212,14 +214,6 @@ def server_latency(results: list[Result], records: dict) -> list[dict]:
     return rows
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) of values, linear between the two nearest as numpy takes it (NaN for none)."""
-    import numpy as np
-
-    values = [v for v in values if not math.isnan(v)]
-    return float(np.percentile(values, q)) if values else math.nan
-
-
 def summarize(results: list[Result], duration_s: float, ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.2) -> dict:
     """What vLLM's `bench serve` reports, from the client's records: counts, throughputs (per second of the run),
     mean / median / p99 latencies in milliseconds, and goodput (requests per second within both objectives)."""
@@ -230,11 +224,10 @@ def summarize(results: list[Result], duration_s: float, ttft_slo_s: float = 1.0,
            "ttft_slo_ms": ttft_slo_s * 1e3, "tpot_slo_ms": tpot_slo_s * 1e3}
     series = {"ttft": [r.ttft_s for r in ok], "tpot": [r.tpot_s for r in ok],
               "itl": [g for r in ok for g in r.itl_s], "e2e": [r.e2e_s for r in ok]}
-    for name, values in series.items():
-        values = [v for v in values if not math.isnan(v)]
-        out[f"mean_{name}_ms"] = statistics.fmean(values) * 1e3 if values else math.nan
-        out[f"median_{name}_ms"] = statistics.median(values) * 1e3 if values else math.nan
-        out[f"p99_{name}_ms"] = percentile(values, 99) * 1e3
+    for name, values in series.items():  # p99: numpy's, linear between the two nearest
+        values = [v for v in values if not math.isnan(v)] or [math.nan]
+        out.update({f"mean_{name}_ms": statistics.fmean(values) * 1e3, f"median_{name}_ms":
+                    statistics.median(values) * 1e3, f"p99_{name}_ms": float(np.percentile(values, 99)) * 1e3})
     good = [r for r in ok if r.ttft_s <= ttft_slo_s and (math.isnan(r.tpot_s) or r.tpot_s <= tpot_slo_s)]
     out["goodput"] = len(good) / duration_s
     refusals = [r.done_s - r.sent_s for r in results if r.status == 429]

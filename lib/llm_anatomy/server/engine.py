@@ -40,7 +40,7 @@ from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
 from ..serve.sampler import SamplingParams
 from ..serve.scheduler import ContinuousScheduler
-from .schemas import APIError
+from .schemas import APIError, logprob_entry
 from .sizing import QueueSizer, check_max_waiting
 
 HAND_OVER_S = 0.005  # the longest the engine waits for the event loop to send a step's tokens (seconds)
@@ -253,7 +253,7 @@ class EngineLoop:
             return None
         logprob, top = r.logprobs[i]
         decode = self.tokenizer.decode
-        return {"token": decode([token]), "logprob": logprob, "top": [(decode([t]), lp) for t, lp in top]}
+        return logprob_entry(decode([token]), logprob, [(decode([t]), lp) for t, lp in top])
 
     def _emit(self, live: Live, text: str, last: bool = False) -> None:
         if text or (last and live.pending):

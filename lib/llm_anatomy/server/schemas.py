@@ -159,11 +159,6 @@ def sse(payload: dict) -> bytes:
 
 # ---------------------------------------------------------------------------------------------- what comes back
 
-def chat_logprobs(entries: list[dict] | None) -> dict | None:
-    """A chat choice's `logprobs`: {"content": [{"token", "logprob", "bytes", "top_logprobs"}, ...]}."""
-    return None if entries is None else {"content": entries, "refusal": None}
-
-
 def logprob_entry(text: str, logprob: float, top: list[tuple[str, float]]) -> dict:
     """One token's logprob the way the chat API gives it (text, natural log, UTF-8 bytes, the top alternatives)."""
     return {"token": text, "logprob": logprob, "bytes": list(text.encode()),
@@ -188,29 +183,37 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None, logprobs=None,
-               usage_: dict | None = None) -> dict:
-    """One chunk of a streamed chat answer (object "chat.completion.chunk")."""
-    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}]}
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
+class Reply:
+    """One answer as the API writes it: `kind` "chat" (objects chat.completion and chat.completion.chunk) or "text"
+    (text_completion, the older API, whose whole answer is one chunk with all the text). Every chunk of an answer
+    shares its id, creation time and model. logprobs: entries from logprob_entry, or None when none were asked for."""
 
+    def __init__(self, rid: str, created: int, model: str, kind: str):
+        self.id, self.created, self.model, self.kind = rid, created, model, kind
+        self.offset = 0  # characters streamed so far (the legacy logprobs' text_offset)
 
-def chat_response(rid: str, created: int, model: str, text: str, finish: str, logprobs, usage_: dict) -> dict:
-    """A whole chat answer (object "chat.completion")."""
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": chat_logprobs(logprobs), "finish_reason": finish}], "usage": usage_}
+    def chunk(self, text: str | dict, finish: str | None = None, logprobs=None, usage_: dict | None = None) -> dict:
+        """One chunk of a stream: its text (chat: or a whole delta, such as the first one's role), or its end."""
+        if self.kind == "chat":
+            delta = {"content": text} if isinstance(text, str) else text
+            return self._body("chat.completion.chunk", {"delta": delta}, finish, logprobs, usage_)
+        chunk = self._body("text_completion", {"text": text}, finish, logprobs, usage_)
+        self.offset += len(text)
+        return chunk
 
+    def whole(self, text: str, finish: str, logprobs, usage_: dict) -> dict:
+        """The whole answer, not streamed."""
+        if self.kind == "chat":
+            message = {"message": {"role": "assistant", "content": text}}
+            return self._body("chat.completion", message, finish, logprobs, usage_)
+        return self._body("text_completion", {"text": text}, finish, logprobs, usage_)
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None, logprobs=None,
-                     usage_: dict | None = None, offset: int = 0) -> dict:
-    """One chunk of a streamed completion, or (with all the text) the whole answer: object "text_completion"."""
-    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": legacy_logprobs(logprobs, offset),
-                          "finish_reason": finish}]}
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
+    def _body(self, kind: str, content: dict, finish, logprobs, usage_) -> dict:
+        if logprobs is not None:  # chat: {"content": [entries]}; the completions API: its older shape
+            logprobs = {"content": logprobs, "refusal": None} if self.kind == "chat" else \
+                legacy_logprobs(logprobs, self.offset)
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": [{"index": 0, **content, "logprobs": logprobs, "finish_reason": finish}]}
+        if usage_ is not None:
+            body["usage"] = usage_
+        return body
