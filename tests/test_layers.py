@@ -333,3 +333,18 @@ def test_one_bench_model_loader():
                                                                          "llm_anatomy.cli.bench.load"}:
             text = path.read_text()
             assert not re.search(r"\b(load_model|random_llama)\(", text), f"{name} loads its model itself"
+
+
+def test_the_readme_map_names_each_stages_files():
+    # README's contributor map lists, for the root and each stage folder that names its files, exactly the modules
+    # the folder holds: a new or moved file must be placed there too (views/, widgets/, exercises/, cli/ name none)
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if re.match(r"\| (root|`\w+/`):", line)]
+    assert len(rows) >= 9, "the README's contributor map has lost its rows"
+    for row in rows:
+        where, files = row.split("|")[1].split(":", 1)
+        folder = PACKAGE if where.strip() == "root" else PACKAGE / where.strip(" `/")
+        named = set(re.findall(r"`([\w.]+\.py)`", files))
+        held = {p.name for p in folder.glob("*.py")} - {"__init__.py", "__main__.py"}
+        assert named == held, f"README's map for {where.strip()}: lists {sorted(named - held)} that it does not " \
+                              f"hold, lacks {sorted(held - named)}"
