@@ -146,7 +146,10 @@ def test_a_request_the_scheduler_has_just_admitted_is_not_counted_as_waiting_too
     from llm_anatomy.server.schemas import APIError
 
     engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=1)
-    submit = lambda: engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)  # noqa: E731
+
+    def submit():
+        return engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
+
     first, _ = submit(), submit()
     engine.scheduler.submit(first.request)  # what the engine thread does next, up to the admission of the first
     engine.scheduler.now = engine.clock()

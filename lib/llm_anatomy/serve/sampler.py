@@ -20,8 +20,8 @@ from ..generate.sampling import SamplingSettings, sample_with, seeded_generator,
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its tokens. settings: a SamplingSettings (None: greedy); seed: its generator's seed;
-    penalties: a Penalties (None, or one with every penalty off: none); top_logprobs: record each token's logprob and this many alternatives (None:
-    nothing). The default is notebook 08's greedy request."""
+    penalties: a Penalties (None, or one with every penalty off: none); top_logprobs: record each token's logprob
+    and this many alternatives (None: nothing). The default is notebook 08's greedy request."""
 
     settings: SamplingSettings | None = None
     seed: int = 0
