@@ -39,25 +39,27 @@ def _shown(text: str):
 def test_verdicts_read_claims_readings_and_errors():
     nb = nbformat.v4.new_notebook(cells=[
         _cell("a", _shown("\u2714 C15 holds: short requests waited less"), _shown("\u25b8 C15 on this machine: 3 s")),
-        _cell("b", nbformat.v4.new_output("error", ename="ClaimFailed", evalue="C16 NOT shown on this machine: x",
+        _cell("b", nbformat.v4.new_output("error", ename="ClaimFailed", evalue="C16 FAILED on this machine: x",
                                           traceback=[])),
         _cell("c", nbformat.v4.new_output("error", ename="AssertionError", evalue="gaps", traceback=[])),
         _cell("d", nbformat.v4.new_output("stream", name="stdout", text="nothing to judge")),
+        _cell("e", _shown("\u25cc C22 not shown on this machine: two cores. What would show it: four")),
         nbformat.v4.new_markdown_cell("\u2714 C1 holds: prose is not a verdict")])
-    assert busy_check.verdicts(nb) == {"a": {"C15 holds", "C15 reading"}, "b": {"C16 not shown"},
-                                       "c": {"raised AssertionError"}}
+    assert busy_check.verdicts(nb) == {"a": {"C15 holds", "C15 reading"}, "b": {"C16 failed"},
+                                       "c": {"raised AssertionError"}, "e": {"C22 not shown"}}
+    assert busy_check.failures(busy_check.verdicts(nb)) == ["C16 failed", "raised AssertionError"]
 
 
 def test_a_changed_verdict_is_a_difference():
     idle = {"a": {"C15 holds"}, "b": {"C16 holds"}}
     assert busy_check.differences(idle, {"a": {"C15 holds"}, "b": {"C16 holds"}}) == []
-    diff = busy_check.differences(idle, {"a": {"C15 not shown"}, "b": {"C16 holds"}, "c": {"raised NameError"}})
-    assert diff == ["cell a: idle ['C15 holds'], busy ['C15 not shown']", "cell c: idle [], busy ['raised NameError']"]
+    diff = busy_check.differences(idle, {"a": {"C15 failed"}, "b": {"C16 holds"}, "c": {"raised NameError"}})
+    assert diff == ["cell a: idle ['C15 holds'], busy ['C15 failed']", "cell c: idle [], busy ['raised NameError']"]
 
 
 def test_failures_and_the_table():
-    found = {"a": {"C15 holds"}, "b": {"C16 not shown"}, "c": {"raised NameError", "C8 holds"}}
-    assert busy_check.failures(found) == ["C16 not shown", "raised NameError"]
+    found = {"a": {"C15 holds"}, "b": {"C16 failed"}, "c": {"raised NameError", "C8 holds"}}
+    assert busy_check.failures(found) == ["C16 failed", "raised NameError"]
     results = [{"notebook": "06_kv_cache.ipynb", "idle_s": 50.0, "idle_failures": [],
                 "runs": [{"burn": 1, "seconds": 120.0, "ratio": 2.4, "differences": []},
                          {"burn": 2, "seconds": 90.0, "ratio": 1.8, "differences": ["cell x: ..."]}]}]

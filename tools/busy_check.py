@@ -6,8 +6,9 @@ busy; issue 35: every notebook, with one and with both cores burned).
     python tools/busy_check.py notebooks/*.ipynb --burn 1 --burn 2          # every notebook, both settings (make busy-check)
     python tools/busy_check.py notebooks/08_serving.ipynb --idle build/executed --burn 1
 
-A verdict is what a code cell ended with, per claim: "holds" (a green `claim` line), "not shown" (ClaimFailed),
-"reading" (a `reading` line: a measurement the prose reads, never asserted), and per cell whether it raised
+A verdict is what a code cell ended with, per claim: "holds" (a green `claim` line), "failed" (ClaimFailed),
+"reading" (a `reading` line: a measurement the prose reads, never asserted), "not shown" (an amber `not_shown` line:
+this machine cannot separate the claim from its counterfactual), and per cell whether it raised
 anything else (an `assert` that a picture's story holds, say). Every run must give the idle run's verdicts; the
 readings' numbers and the spread warnings beside them may differ, which is what they are for. The table gives each
 notebook's seconds idle and busy; with one core burned no notebook should take more than MAX_RATIO times its idle
@@ -28,7 +29,8 @@ from pathlib import Path
 
 HOLDS = re.compile(r"\u2714 (C\d{1,2}) holds:")
 READING = re.compile(r"\u25b8 (C\d{1,2}) on this machine:")
-NOT_SHOWN = re.compile(r"(C\d{1,2}) NOT shown on this machine")
+FAILED = re.compile(r"(C\d{1,2}) FAILED on this machine")
+NOT_SHOWN = re.compile(r"\u25cc (C\d{1,2}) not shown on this machine:")
 MAX_RATIO = 2.0  # with one core burned, at most this many times the idle run's seconds
 BOOK_KEY = "llm_anatomy_book"  # where tools/site/capture.py keeps nbval's seconds in an executed copy
 
@@ -42,7 +44,7 @@ def _texts(output) -> list[str]:
 
 
 def verdicts(nb) -> dict[str, set[str]]:
-    """{cell id: {"C15 holds", "C15 reading", "C16 not shown", "raised AssertionError", ...}} for every code cell
+    """{cell id: {"C15 holds", "C15 reading", "C16 failed", "C22 not shown", "raised AssertionError", ...}} for every code cell
     that showed a verdict or raised."""
     found: dict[str, set[str]] = {}
     for number, cell in enumerate(nb.cells):
@@ -51,20 +53,21 @@ def verdicts(nb) -> dict[str, set[str]]:
         marks = set()
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                failed = NOT_SHOWN.search(output.get("evalue", ""))
-                marks.add(f"{failed.group(1)} not shown" if failed else f"raised {output.get('ename')}")
+                failed = FAILED.search(output.get("evalue", ""))
+                marks.add(f"{failed.group(1)} failed" if failed else f"raised {output.get('ename')}")
                 continue
             for text in _texts(output):
                 marks |= {f"{c} holds" for c in HOLDS.findall(text)}
                 marks |= {f"{c} reading" for c in READING.findall(text)}
+                marks |= {f"{c} not shown" for c in NOT_SHOWN.findall(text)}
         if marks:
             found[cell.get("id") or f"cell {number}"] = marks
     return found
 
 
 def failures(found: dict[str, set[str]]) -> list[str]:
-    """The marks of a run that are not a verdict a notebook may end with: 'not shown' and 'raised'."""
-    return sorted({m for marks in found.values() for m in marks if m.endswith("not shown") or m.startswith("raised")})
+    """The marks of a run that are not a verdict a notebook may end with: 'failed' and 'raised'."""
+    return sorted({m for marks in found.values() for m in marks if m.endswith(" failed") or m.startswith("raised")})
 
 
 def differences(idle: dict[str, set[str]], busy: dict[str, set[str]]) -> list[str]:

@@ -221,7 +221,7 @@ def test_after_a_failed_run_the_build_points_to_the_failure_instead_of_repeating
     from tools.site.__main__ import main
 
     failing = _cell("claim('C1', False, 'x')", [dict(output_type="error", ename="ClaimFailed",
-                                                     evalue="C1 NOT shown on this machine: x", traceback=[])],
+                                                     evalue="C1 FAILED on this machine: x", traceback=[])],
                     status="failed")
     paths = _notebooks(tmp_path, alpha_cells=[_cell("print(1)"), failing])
     assert site.failed_notebooks(paths["executed"]) == ["01_alpha.ipynb"]
@@ -231,10 +231,10 @@ def test_after_a_failed_run_the_build_points_to_the_failure_instead_of_repeating
     args = ["build", "--executed", str(paths["executed"]), "--screenshots", str(paths["screenshots"]),
             "--out", str(paths["out"])]
     assert main(args) == 1  # on its own: the whole reason
-    assert "C1 NOT shown on this machine: x" in capsys.readouterr().err
+    assert "C1 FAILED on this machine: x" in capsys.readouterr().err
     assert main(args + ["--after-failed-run"]) == 1  # after make site's pytest run, which named it once
     told = capsys.readouterr().err
-    assert "a cell failed in 01_alpha.ipynb" in told and "NOT shown" not in told
+    assert "a cell failed in 01_alpha.ipynb" in told and "FAILED" not in told
 
 
 def test_a_notebook_that_did_not_run_to_the_end_or_changed_stops_the_build(tmp_path):
