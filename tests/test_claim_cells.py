@@ -61,6 +61,7 @@ def test_04_gqa_ablation_holds(course):
     assert namespace["wrong_change"] > 0.1 and namespace["copy_change"] <= 1e-5
 
 
+@pytest.mark.counterfactual("C5", "GQA groups query heads h % 3 instead of the checkpoint's h // 3")
 def test_04_gqa_ablation_fails_when_the_wrong_grouping_is_the_true_one(course, monkeypatch):
     real_read = ablations.kv_heads_read
     heads, kv = course["scratch"].cfg.num_heads, course["scratch"].cfg.num_kv_heads
@@ -70,6 +71,7 @@ def test_04_gqa_ablation_fails_when_the_wrong_grouping_is_the_true_one(course, m
         run_cell(cell_source(*GQA), **_gqa_names(course))
 
 
+@pytest.mark.counterfactual("C5", "repeat_kv tiles the K/V heads (head h reads h % 3)")
 def test_04_gqa_ablation_fails_when_the_copy_deals_the_heads_out_wrongly(course, monkeypatch):
     monkeypatch.setattr(ablations, "repeat_kv", lambda x, n_rep: x.repeat(1, n_rep, 1, 1))  # tiles: head h gets h % 3
     with pytest.raises(ClaimFailed, match="C5 FAILED"):
@@ -96,12 +98,14 @@ def test_03_whole_model_mask_claim_holds(course):
     assert namespace["off"].per_layer[0] <= 1e-4 < namespace["off"].per_layer[1]
 
 
+@pytest.mark.counterfactual("C9", "an ablation that switches the mask off but changes nothing")
 def test_03_whole_model_mask_claim_fails_when_switching_the_mask_off_changes_nothing(course, monkeypatch):
     monkeypatch.setattr(ablations, "mask_off", lambda model: contextlib.nullcontext([1] * 3 * model.cfg.num_layers))
     with pytest.raises(ClaimFailed, match="C9 FAILED"):
         run_cell(cell_source(*CACHE), **_cache_names(course))
 
 
+@pytest.mark.counterfactual("C9", "a model whose attention has no causal mask (03)")
 def test_03_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(course, monkeypatch):
     from llm_anatomy.model import scratch as scratch_module
 
@@ -126,12 +130,14 @@ def test_06_whole_model_mask_claim_holds(course):
     assert min(namespace["off"].per_layer[1:]) > 1e-3
 
 
+@pytest.mark.counterfactual("C9", "06: a mask ablation that changes nothing")
 def test_06_whole_model_mask_claim_fails_when_switching_the_mask_off_changes_nothing(course, monkeypatch):
     monkeypatch.setattr(ablations, "mask_off", lambda model: contextlib.nullcontext([1] * 3 * model.cfg.num_layers))
     with pytest.raises(ClaimFailed, match="C9 FAILED"):
         run_cell(cell_source(*CACHE_06), **_cache_06_names(course))
 
 
+@pytest.mark.counterfactual("C9", "06: a model without a causal mask")
 def test_06_whole_model_mask_claim_fails_for_a_model_without_a_causal_mask(course, monkeypatch):
     from llm_anatomy.model import scratch as scratch_module
 
@@ -156,6 +162,7 @@ def test_03_head_statistics_claim_holds(course):
     assert namespace["to_previous"] != namespace["to_itself"]
 
 
+@pytest.mark.counterfactual("C5", "every head of the layer looks alike (one head copied, or uniform weights)")
 def test_03_head_statistics_claim_fails_when_every_head_looks_alike(course):
     w = _heads_names(course)["w"]
     alike = w[1:2].expand_as(w).clone()  # every head a copy of head 1
@@ -183,6 +190,7 @@ def test_02_shifted_positions_claim_holds(course):
     assert namespace["blind"] <= 1e-5 < 1e-2 < namespace["rope_alone"]
 
 
+@pytest.mark.counterfactual("C3", "no rotary embedding: only the causal mask sees order")
 def test_02_swap_claim_fails_for_a_model_without_rope_where_only_the_mask_sees_order(course, monkeypatch):
     from llm_anatomy.model import scratch as scratch_module
 
@@ -193,6 +201,7 @@ def test_02_swap_claim_fails_for_a_model_without_rope_where_only_the_mask_sees_o
         run_cell(cell_source(*SHIFT), **_shift_names(course))
 
 
+@pytest.mark.counterfactual("C3", "an absolute position signal added to q and k (a learned position table)")
 def test_02_shifted_positions_claim_fails_for_a_model_that_reads_absolute_positions(course, monkeypatch):
     from llm_anatomy.model import scratch as scratch_module
 
@@ -240,6 +249,7 @@ def test_02_pairing_claim_holds_on_the_passage(course):
     assert namespace["wrong_pairs"] > namespace["right_pairs"] + 1.0
 
 
+@pytest.mark.counterfactual("C3", "RoPE's pairing of dimensions does not matter to the model")
 def test_02_pairing_claim_fails_when_the_wrong_pairing_costs_the_model_nothing(course, monkeypatch):
     @contextlib.contextmanager
     def reaches_but_changes_nothing(model):
@@ -271,6 +281,7 @@ def test_03_induction_head_claim_holds(course):
     assert namespace["row"][namespace["after_first"]] > 0.5
 
 
+@pytest.mark.counterfactual("C5", "nothing repeated: no earlier token for a head to copy from")
 def test_03_induction_head_claim_fails_when_nothing_is_repeated(course):
     with pytest.raises(ClaimFailed, match="C5 FAILED"):  # one " cat" only: there is nothing to copy from
         run_cell(cell_source(*INDUCTION), **_induction_names(course, "The cat sat on the mat because it was tired. The dog"))
@@ -300,8 +311,10 @@ def _standard_induction_names(course):
 def test_03_standard_induction_claim_holds(course):
     namespace = run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
     assert namespace["best"] > 0.5 and namespace["without_best"] > namespace["second_half_loss"]["repeated"]
+    assert max(namespace["without_random"]) < namespace["without_copiers"]
 
 
+@pytest.mark.counterfactual("C5", "random tokens that never repeat (no induction to find)")
 def test_03_standard_induction_claim_fails_when_nothing_repeats(course, monkeypatch):
     from llm_anatomy.model import explore
 
@@ -311,6 +324,7 @@ def test_03_standard_induction_claim_fails_when_nothing_repeats(course, monkeypa
         run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
 
 
+@pytest.mark.counterfactual("C5", "silencing the induction heads costs nothing")
 def test_03_standard_induction_claim_fails_when_silencing_the_head_changes_nothing(course, monkeypatch):
     import contextlib
 
@@ -321,6 +335,19 @@ def test_03_standard_induction_claim_fails_when_silencing_the_head_changes_nothi
         yield [1] * len({layer for layer, _ in heads})
 
     monkeypatch.setattr(ablations, "heads_ablated", reaches_but_changes_nothing)
+    with pytest.raises(ClaimFailed, match="C5 FAILED"):
+        run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
+
+
+@pytest.mark.counterfactual("C5", "silencing any heads costs as much as silencing the copiers (whole layers silenced)")
+def test_03_standard_induction_claim_fails_when_any_silenced_heads_cost_as_much(course, monkeypatch):
+    from llm_anatomy.model import ablations
+
+    real = ablations.heads_ablated
+    H = course["scratch"].cfg.num_heads
+    # a bug that silences each named head's whole layer: random non-copying heads then cost as much as the copiers
+    monkeypatch.setattr(ablations, "heads_ablated",
+                        lambda model, heads: real(model, sorted({(l, h) for l, _ in heads for h in range(H)})))
     with pytest.raises(ClaimFailed, match="C5 FAILED"):
         run_cell(cell_source(*STANDARD_INDUCTION), **_standard_induction_names(course))
 
@@ -341,6 +368,7 @@ def test_02_lookup_claim_holds(course):
     assert torch.equal(namespace["by_index"], namespace["layer"])
 
 
+@pytest.mark.counterfactual("C2", "the embedding layer or one-hot product reads another row")
 def test_02_lookup_claim_fails_when_the_library_or_the_layer_reads_another_row(course, monkeypatch):
     from types import SimpleNamespace
 
@@ -379,6 +407,7 @@ def test_02_rope_claim_holds(course):
     assert namespace["library_vs_theirs"] <= 1e-5
 
 
+@pytest.mark.counterfactual("C3", "our RoPE turns each pair by -angle")
 def test_02_rope_claim_fails_when_the_library_turns_the_other_way(course):
     from llm_anatomy.model import rope
 
@@ -387,6 +416,7 @@ def test_02_rope_claim_fails_when_the_library_turns_the_other_way(course):
         run_cell(cell_source(*ROPE), **_rope_names(course, backwards))
 
 
+@pytest.mark.counterfactual("C3", "absolute positions added, or no rotation: q.k does not depend on the offset alone")
 def test_02_offset_claim_holds_and_fails_for_absolute_positions_or_no_rotation(course):
     from llm_anatomy.model import rope
 
@@ -421,6 +451,7 @@ def test_03_layer_claims_hold(layer0):
     assert namespace["gqa_diff"] <= 1e-5 and layer0["layer_diff"] <= 1e-4
 
 
+@pytest.mark.counterfactual("C4", "the library's attention layer looks ahead (no causal mask)")
 def test_03_layer_claim_c4_fails_when_the_library_layer_looks_ahead(layer0, monkeypatch):
     from llm_anatomy.model import attention as attention_module
 
@@ -430,6 +461,7 @@ def test_03_layer_claim_c4_fails_when_the_library_layer_looks_ahead(layer0, monk
         run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
 
 
+@pytest.mark.counterfactual("C9", "layer 0 with the mask never applied")
 def test_03_layer0_mask_claim_fails_when_the_mask_is_never_applied(layer0):
     real = layer0["attention"]
     with pytest.raises(ClaimFailed, match="C9 FAILED"):
@@ -437,6 +469,7 @@ def test_03_layer0_mask_claim_fails_when_the_mask_is_never_applied(layer0):
                  **{**layer0, "attention": lambda q, k, v, causal=True: real(q, k, v, causal=False)})
 
 
+@pytest.mark.counterfactual("C5", "query head h reads K/V head h % 3")
 def test_03_grouping_claim_fails_when_the_heads_read_kv_head_h_mod_3(layer0):
     Q, K, V, H, KV = (layer0[name] for name in ("Q", "K", "V", "H", "KV"))
     dealt = torch.tensor([h % KV for h in range(H)])  # 0, 1, 2, 0, ...: each K/V head still read by 3 query heads
@@ -461,6 +494,7 @@ def test_04_loop_claim_holds(loop_names):
     assert namespace["loop_diff"] <= 1e-5 and namespace["model_diff"] <= 1e-3
 
 
+@pytest.mark.counterfactual("C4", "one block's MLP weight 5% off the checkpoint")
 def test_04_loop_claim_fails_when_one_block_is_not_the_models(loop_names):
     weight = loop_names["scratch"].layers[15].mlp.down_proj.weight  # shared with the other tests: put back after
     kept = weight.detach().clone()
@@ -474,6 +508,7 @@ def test_04_loop_claim_fails_when_one_block_is_not_the_models(loop_names):
             weight.copy_(kept)
 
 
+@pytest.mark.counterfactual("C4", "our greedy loop differs from transformers in the last token")
 def test_04_greedy_claim_fails_when_one_token_differs(course, monkeypatch):
     from types import SimpleNamespace
 
@@ -495,6 +530,7 @@ TRAINER = ("01_tokens.ipynb", 'claim("C1", same ==')
 ENCODER = ("01_tokens.ipynb", 'claim("C1", all(same_tricky)')
 
 
+@pytest.mark.counterfactual("C1", "our BPE trainer learns two merges in the other order, or one fewer")
 def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkeypatch):
     from llm_anatomy.tokens import bpe
 
@@ -511,6 +547,7 @@ def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkey
             run_cell(cell_source(*TRAINER), **names)
 
 
+@pytest.mark.counterfactual("C1", "our encoder's last id is off by one, or one tricky string differs")
 def test_01_encoder_claim_holds_and_fails_when_one_id_or_one_tricky_string_differs(ours, reference_tokenizer):
     from llm_anatomy.device import timed
     from llm_anatomy.tokens import bpe
@@ -555,6 +592,17 @@ def _parts_names(course):
 def test_04_each_part_taken_away_costs_what_the_text_says(course):
     namespace = run_cell(cell_source(*PARTS), **_parts_names(course))
     assert namespace["losses"]["nothing removed"] < namespace["positions"] < namespace["uniform"] < namespace["structure"]
+    assert namespace["one_scale"] < namespace["losses"]["nothing removed"] + 1 < namespace["losses"]["no final norm"]
+    print({k: round(v, 2) for k, v in namespace["losses"].items()})
+
+
+def test_04_the_parts_cell_fails_when_one_scale_is_not_enough(course, monkeypatch):
+    from llm_anatomy.model import ablations as ablations_module
+
+    # a world where the final norm's per-position work is what the model needs: its control costs as much as no norm
+    monkeypatch.setattr(ablations_module, "final_norm_constant", ablations_module.final_norm_off)
+    with pytest.raises(AssertionError, match="one scale for the whole passage"):
+        run_cell(cell_source(*PARTS), **_parts_names(course))
 
 
 def test_04_the_parts_cell_fails_when_removing_rope_costs_nothing(course, monkeypatch):

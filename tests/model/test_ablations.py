@@ -154,7 +154,7 @@ def test_rope_interleaved_on_interleaved_rows_gives_the_plain_model_and_rope_off
 
 
 def test_residual_mlps_and_final_norm_off_compute_what_they_say_and_leave_the_model_as_it_was(tiny_model):
-    from llm_anatomy.model.ablations import attention_off, final_norm_off, mlps_off, residual_off
+    from llm_anatomy.model.ablations import attention_off, final_norm_constant, final_norm_off, mlps_off, residual_off
 
     model = ScratchLlama.from_hf(tiny_model)
     ids = torch.randint(3, model.cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
@@ -178,4 +178,9 @@ def test_residual_mlps_and_final_norm_off_compute_what_they_say_and_leave_the_mo
         got = model(ids)
     stream = model.trace(ids).hidden_states[-1]
     assert reached == [1] and torch.allclose(got, model.lm_head(stream), atol=1e-5)
+    with final_norm_constant(model) as reached:
+        got = model(ids)
+    one_scale = stream / stream.pow(2).mean().add(model.norm.eps).sqrt()  # one number for every position
+    assert reached == [1] and torch.allclose(got, model.lm_head(model.norm.weight * one_scale), atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)  # per-position scales differ, so it is not the norm itself
     assert torch.equal(model(ids), plain)  # every forward put back

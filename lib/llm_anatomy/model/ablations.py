@@ -135,6 +135,19 @@ def final_norm_off(model):
     return _forwards_replaced([model.norm], lambda norm, reached: lambda x: (reached.append(1), x)[1])
 
 
+def final_norm_constant(model):
+    """The norm before the LM head divides the whole pass by ONE number, the stream's root-mean-square over every
+    position and feature, instead of each position by its own; its learned weight stays. The control for
+    final_norm_off: it keeps the logits' scale and takes away only the per-position normalization."""
+    def constant(norm, reached):
+        def forward(x):  # [batch, seq, hidden]
+            reached.append(1)
+            x32 = x.float()
+            return norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean() + norm.eps)).to(x.dtype)
+        return forward
+    return _forwards_replaced([model.norm], constant)
+
+
 @contextlib.contextmanager
 def _attention_replaced(model, replacement):
     """Every layer's call of attention() goes through `replacement(real_attention, q, k, v, **kw)`."""
