@@ -154,6 +154,23 @@ def test_claims_link_to_the_cell_that_shows_them(built):
             assert f'id="{anchor}"' in (book.out / page).read_text()
 
 
+def test_the_front_page_counts_each_claims_verdicts(tmp_path):
+    shown = lambda text: dict(output_type="display_data", data={"text/plain": text})  # noqa: E731
+    paths = _notebooks(tmp_path, alpha_cells=[
+        _cell("claim('C1', True, 'a')", [shown("\u2714 C1 holds: a")], cell_id="claim0001"),
+        _cell("claim('C1', True, 'b'); reading('C1', 'c')", [shown("\u2714 C1 holds: b"),
+                                                              shown("\u25b8 C1 on this machine: c")]),
+        _cell("not_shown('C2', 'why', 'what')", [shown("\u25cc C2 not shown on this machine: why. What would show "
+                                                       "it: what")])])
+    _still(paths)
+    book = site.build_book(**paths)
+    assert book.verdicts == {"C1": {"holds": 2, "reading": 1, "not shown": 0, "failed": 0},
+                             "C2": {"holds": 0, "reading": 0, "not shown": 1, "failed": 0}}
+    index = (paths["out"] / "index.html").read_text()
+    assert "2 checks hold" in index and "1 is a reading of" in index and "1 is not shown" in index
+    assert "(C2: the cell says why" in index and "&#9676;&nbsp;1&nbsp;not&nbsp;shown" in index
+
+
 def test_links_between_notebooks_go_to_their_pages(built):
     book, paths = built
     beta = (paths["out"] / "02_beta.html").read_text()

@@ -31,7 +31,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[2]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.site.claims import claim_links, readme_claims, readme_contents  # noqa: E402
+from tools.site.claims import claim_links, readme_claims, readme_contents, verdict_counts  # noqa: E402
 from tools.site.pages import (EXECUTED, NOTEBOOK_NAME, NOTEBOOKS, OUT, README, ROOT, SCREENSHOTS,  # noqa: E402,F401
                               Book, BuildError, failed_notebooks, freshness, load_page, notebook_sources, _shown)
 from tools.site.render import render_index, render_pages, write_static  # noqa: E402
@@ -81,14 +81,16 @@ def build_book(notebooks: Path = NOTEBOOKS, executed: Path = EXECUTED, screensho
     if out.exists():
         shutil.rmtree(out)
     write_static(out)
-    book = Book(out, pages, [(cid, text, links[cid]) for cid, text in claims])
+    book = Book(out, pages, [(cid, text, links[cid]) for cid, text in claims],
+                verdicts=verdict_counts(pages, [cid for cid, _ in claims]))
     render_pages(pages, out, screenshots, book)
     environment = _latest_environment(executed, pages)
     render_index(book, readme_contents(readme), environment)
     (out / "book.json").write_text(json.dumps({
         "pages": [{"notebook": p.source.name, "page": p.html_name, "title": p.title, "seconds": p.seconds}
                   for p in pages],
-        "claims": [{"id": cid, "links": [link.href for link in ls]} for cid, _, ls in book.claims],
+        "claims": [{"id": cid, "links": [link.href for link in ls], "verdicts": book.verdicts[cid]}
+                   for cid, _, ls in book.claims],
         "stills": book.stills, "missing_stills": book.missing_stills, "environment": environment,
     }, indent=1) + "\n", encoding="utf-8")
     book.seconds = time.perf_counter() - start

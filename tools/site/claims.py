@@ -10,7 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.busy_check import verdicts as cell_verdicts
 from tools.site.pages import BuildError, Page, _shown, _source_text
+
+VERDICT_KINDS = ("holds", "reading", "not shown", "failed")  # as tools/busy_check.py reads a cell's outputs
 
 
 @dataclass
@@ -88,3 +91,16 @@ def claim_links(pages: list[Page], claim_ids: list[str]) -> dict[str, list[Claim
 def _claimless(title: str) -> str:
     """'5. The roofline (C11)' -> '5. The roofline'."""
     return re.sub(r"\s*\((?:claims?\s*)?C\d{1,2}(?:\s*,\s*C\d{1,2})*\)", "", title).strip()
+
+
+def verdict_counts(pages: list[Page], claim_ids: list[str]) -> dict[str, dict[str, int]]:
+    """For each claim, how many cells of this execution ended with each verdict: 'holds' (a green claim line),
+    'reading' (a measurement the prose reads), 'not shown' (this machine cannot show it: an amber line), 'failed'."""
+    counts = {cid: dict.fromkeys(VERDICT_KINDS, 0) for cid in claim_ids}
+    for page in pages:
+        for marks in cell_verdicts(page.nb).values():
+            for mark in marks:
+                cid, _, kind = mark.partition(" ")
+                if cid in counts and kind in counts[cid]:
+                    counts[cid][kind] += 1
+    return counts

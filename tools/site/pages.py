@@ -54,6 +54,7 @@ class Book:
     out: Path
     pages: list[Page]
     claims: list[tuple[str, str, list]]  # (id, claim, [claims.ClaimLink])
+    verdicts: dict[str, dict[str, int]] = field(default_factory=dict)  # {id: {"holds": n, "not shown": n, ...}}
     missing_stills: list[str] = field(default_factory=list)
     stills: list[str] = field(default_factory=list)
     seconds: float = 0.0

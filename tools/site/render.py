@@ -250,5 +250,7 @@ def render_index(book: Book, contents: dict[str, str], environment: dict) -> Non
         runs=len({p.environment.get("executed_at") for p in book.pages}),
         contents=[(p, _inline_markdown(contents[p.source.name]) if contents.get(p.source.name) else "")
                   for p in book.pages],
-        claims=[(cid, _inline_markdown(text), links) for cid, text, links in book.claims])
+        claims=[(cid, _inline_markdown(text), links, book.verdicts.get(cid, {})) for cid, text, links in book.claims],
+        totals={kind: sum(v.get(kind, 0) for v in book.verdicts.values()) for kind in ("holds", "reading", "not shown")},
+        unshown=[cid for cid, v in book.verdicts.items() if v.get("not shown")])
     book.index.write_text(page, encoding="utf-8")
