@@ -461,6 +461,27 @@ def test_03_layer_claim_c4_fails_when_the_library_layer_looks_ahead(layer0, monk
         run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
 
 
+@pytest.mark.counterfactual("C4", "attention without the 1/sqrt(head_dim) scale, or softmax over the queries")
+def test_03_layer_claim_c4_fails_without_the_scale_or_with_softmax_over_the_wrong_axis(layer0, monkeypatch):
+    from llm_anatomy.model import attention as attention_module
+
+    real = attention_module.attention
+    unscaled = lambda q, k, v, causal=True, **kw: real(q * q.shape[-1] ** 0.5, k, v, causal=causal)  # noqa: E731
+    monkeypatch.setattr(attention_module, "attention", unscaled)  # the cell imports it from the library
+    with pytest.raises(ClaimFailed, match="C4 FAILED"):
+        run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
+
+    def over_queries(q, k, v, causal=True, **kw):  # each KEY's weights sum to 1, not each query's
+        scores = q @ attention_module.repeat_kv(k, q.shape[1] // k.shape[1]).transpose(-1, -2) / q.shape[-1] ** 0.5
+        n = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        return torch.softmax(scores, dim=-2).nan_to_num() @ attention_module.repeat_kv(v, q.shape[1] // v.shape[1])
+
+    monkeypatch.setattr(attention_module, "attention", over_queries)
+    with pytest.raises(ClaimFailed, match="C4 FAILED"):
+        run_cell(cell_source(NB03, 'claim("C4", layer_diff'), **layer0)
+
+
 @pytest.mark.counterfactual("C9", "layer 0 with the mask never applied")
 def test_03_layer0_mask_claim_fails_when_the_mask_is_never_applied(layer0):
     real = layer0["attention"]
