@@ -1,5 +1,6 @@
-"""The C8 claim cells of notebooks 05 and 06, run as the notebooks hold them: each holds, and each fails (ClaimFailed)
-when its evidence is broken on purpose (tests/test_claim_cells.py does the same for 02-04)."""
+"""The C8 claim cells of notebooks 05 and 06 (and 07's C12), run as the notebooks hold them: each holds, and each fails
+(ClaimFailed) in a counterfactual world (tests/test_claim_cells.py does the same for 02-04; the checks they call are
+tested on a tiny model in tests/generate/test_claim_checks_05_06.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from llm_anatomy import load_model
 from llm_anatomy.claims import ClaimFailed, claim, reading
 from llm_anatomy.generate import decode
 from llm_anatomy.generate.chat import chat_prompt_ids
+from llm_anatomy.model.kv_cache import KVCache
 from llm_anatomy.model.scratch import ScratchLlama
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -39,84 +41,106 @@ def run_cells(*sources: str, namespace: dict) -> dict:
     return namespace
 
 
-# 05 · C8: the append-and-rerun loop, the cached loop and transformers' generate give the same greedy tokens
-LOOP = ("05_generation.ipynb", "def append_and_rerun", ("prompt_ids, 10)", "prompt_ids, 4)"))
-C8_05 = ("05_generation.ipynb", 'claim("C8"', ("n = 10", "n = 4"))  # 4 greedy tokens, not 10
+# 05 · C8: the cached loop, call by call, against transformers' full pass (logits at every step, tokens fed, cache)
+C8_05 = ("05_generation.ipynb", "check_decode(trace", ("story_ids, 32)", "story_ids, 4)"))  # 4 steps, not 32
 
 
 @pytest.fixture(scope="module")
 def course05(real):
     fp32 = real if real.dtype == torch.float32 else load_model(device="cpu", dtype=torch.float32, verbose=False)
-    ids = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Name a colour."}])  # [1, seq]
-    names = dict(loaded=fp32, tok=fp32.tokenizer, model=ScratchLlama.from_hf(fp32.model), prompt_ids=ids,
-                 load_model=load_model, ScratchLlama=ScratchLlama, claim=claim, torch=torch, print=lambda *a: None)
-    return run_cells(cell_source(*LOOP), namespace=names)  # the plain loop's tokens, made once: new_ids
+    ids = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])  # [1, seq]
+    return dict(loaded=fp32, tok=fp32.tokenizer, model=ScratchLlama.from_hf(fp32.model), prompt_ids=ids,
+                load_model=load_model, ScratchLlama=ScratchLlama, chat_prompt_ids=chat_prompt_ids, claim=claim,
+                torch=torch, print=lambda *a: None)
 
 
 def test_05_c8_holds(course05):
     namespace = run_cells(cell_source(*C8_05), namespace=dict(course05))
-    assert namespace["plain"] == namespace["cached"]
+    assert namespace["trace"].fed == [namespace["story_ids"].shape[1], 1, 1, 1]
 
 
-def test_05_c8_fails_when_the_cached_loop_loses_the_first_position(course05, monkeypatch):
-    real_loop = decode.generate_greedy
-    monkeypatch.setattr(decode, "generate_greedy", lambda model, ids, n, **kw: real_loop(model, ids[:, 1:], n, **kw))
+@pytest.mark.counterfactual("C8", "05's cell on the real model, decode steps' RoPE positions shifted by +3")
+def test_05_c8_fails_when_decode_positions_are_shifted(course05, monkeypatch):
+    real_positions = KVCache.positions
+    monkeypatch.setattr(KVCache, "positions", lambda self, new, key_mask, device: real_positions(
+        self, new, key_mask, device) + (3 if new == 1 else 0))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
         run_cells(cell_source(*C8_05), namespace=dict(course05))
 
 
-def test_05_c8_fails_when_the_plain_loop_made_other_tokens(course05):
-    namespace = dict(course05)
-    namespace["new_ids"] = [namespace["new_ids"][1]] + namespace["new_ids"][1:]  # another first token
+@pytest.mark.counterfactual("C8", "05's cell on the real model, the cached loop losing the prompt's first position")
+def test_05_c8_fails_when_the_cached_loop_loses_the_first_position(course05, monkeypatch):
+    real_prefill = decode.prefill
+    monkeypatch.setattr(decode, "prefill", lambda model, ids, cache, **kw: real_prefill(
+        model, ids[:, 1:] if cache.length == 0 else ids, cache, **kw))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
-        run_cells(cell_source(*C8_05), namespace=namespace)
+        run_cells(cell_source(*C8_05), namespace=dict(course05))
 
 
-# 06 · C8's time: on a CPU the cached run must be faster than recomputing, the two runs timed call by call in turns
-# (the fed tokens are counted beside it)
-C8_06 = ("06_kv_cache.ipynb", 'claim("C8"')
+@pytest.mark.counterfactual("C8", "05's cell on the real model, the whole text fed at every step")
+def test_05_c8_fails_when_every_step_feeds_the_whole_text(course05, monkeypatch):
+    real_trace = decode.trace_greedy
+    monkeypatch.setattr(decode, "trace_greedy", lambda *a, **kw: real_trace(*a, **kw, use_cache=False))
+    with pytest.raises(ClaimFailed, match="C8 FAILED"):
+        run_cells(cell_source(*C8_05), namespace=dict(course05))
+
+
+# 06 · C8's time: on a CPU the cached run must be faster than recomputing by a margin that two uncached runs do not
+# reach, the two runs timed call by call in turns, and the tokens each call fed counted where they enter the model
+C8_06 = ("06_kv_cache.ipynb", "check_cache_speedup(runs")
 
 
 @pytest.fixture
-def timed_runs(monkeypatch):
-    """The 06 C8 cell's names, with the interleaved timer replaced by one that reports the given step times."""
-    from llm_anatomy.generate.decode import Generation
-    from llm_anatomy.measure import timing
-
-    def runs(cached_s: float, uncached_s: float):
-        tokens = torch.arange(8)[None]  # [1, new tokens]
-        calls = []
-
-        def fake_interleaved(generations, device):
-            calls.append(sorted(generations))
-            return {"with": Generation(tokens, [cached_s] * 8), "without": Generation(tokens, [uncached_s] * 8)}
-
-        monkeypatch.setattr(timing, "time_generations_interleaved", fake_interleaved)
-        return dict(model=None, prompt=torch.zeros(1, 5, dtype=torch.long), device="cpu", NEW_TOKENS=8,
-                    loaded=types.SimpleNamespace(dtype=torch.float32), ON_GPU=False, claim=claim, reading=reading,
-                    torch=torch, print=lambda *a: None, calls=calls)
-
-    return runs
+def course06(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    return dict(model=model, prompt=torch.tensor([[5, 6, 7, 8]]), device="cpu", NEW_TOKENS=6,
+                loaded=types.SimpleNamespace(dtype=torch.float32), ON_GPU=False, claim=claim, reading=reading,
+                torch=torch, print=lambda *a: None)
 
 
-def test_06_c8_time_holds_when_the_cache_is_faster(timed_runs):
-    namespace = run_cells(cell_source(*C8_06), namespace=timed_runs(0.01, 0.05))
-    assert namespace["speedup"] == pytest.approx(5.0)
-    assert namespace["calls"] == [["with", "without"]]  # both runs went to the interleaved timer together
+def _fake_seconds(monkeypatch, cached_s: float, uncached_s: float):
+    """time_cache_runs with its real runs and counts, each call's seconds replaced (the tiny model's steps are too
+    short to time: on it, a step is all overhead)."""
+    real = decode.time_cache_runs
+
+    def timed(*args, **kwargs):
+        runs = real(*args, **kwargs)
+        for name, seconds in (("with", cached_s), ("without", uncached_s)):
+            steps = runs[name].generation.step_seconds
+            steps[:] = [seconds] * len(steps)
+        return runs
+    monkeypatch.setattr(decode, "time_cache_runs", timed)
 
 
-def test_06_c8_time_fails_when_the_cache_saves_nothing(timed_runs):
+def test_06_c8_time_holds_when_the_cache_is_faster(course06, monkeypatch):
+    _fake_seconds(monkeypatch, 0.01, 0.03)
+    namespace = run_cells(cell_source(*C8_06), namespace=course06)
+    assert namespace["speedup"] == pytest.approx(3.0)
+    assert namespace["runs"]["with"].fed == [4, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.counterfactual("C8", "06's cell with both runs uncached (through time_cache_runs)")
+def test_06_c8_time_fails_when_both_runs_are_uncached(course06, monkeypatch):
+    real = decode.time_cache_runs
+    monkeypatch.setattr(decode, "time_cache_runs", lambda *a, **kw: real(
+        *a, **kw, uses_cache={"with": False, "without": False}))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
-        run_cells(cell_source(*C8_06), namespace=timed_runs(0.05, 0.05))
+        run_cells(cell_source(*C8_06), namespace=course06)
 
 
-def test_06_c8_time_is_only_a_reading_on_a_gpu(timed_runs):
-    namespace = timed_runs(0.05, 0.01)
-    namespace["ON_GPU"], said = True, []
-    namespace["reading"] = lambda number, evidence: said.append((number, evidence))
-    namespace["claim"] = lambda *a: pytest.fail("on a GPU the cell asserts no time")
-    run_cells(cell_source(*C8_06), namespace=namespace)  # no ClaimFailed: the prose reads the sign there
-    assert [n for n, _ in said] == ["C8"] and "0.2x faster" in said[0][1]  # the slower cache is reported as it was
+@pytest.mark.counterfactual("C8", "06's cell, a cache that feeds one token a step but saves no time")
+def test_06_c8_time_fails_when_the_cache_saves_nothing(course06, monkeypatch):
+    _fake_seconds(monkeypatch, 0.05, 0.05)
+    with pytest.raises(ClaimFailed, match="C8 FAILED"):
+        run_cells(cell_source(*C8_06), namespace=course06)
+
+
+def test_06_c8_time_is_only_a_reading_on_a_gpu(course06, monkeypatch):
+    _fake_seconds(monkeypatch, 0.05, 0.01)
+    course06["ON_GPU"] = True
+    verdict = run_cells(cell_source(*C8_06) + "\nverdict = check_cache_speedup(runs, on_gpu=ON_GPU)\n",
+                        namespace=course06)["verdict"]
+    assert "C8 holds" in str(verdict) and "0.2x faster (on a GPU the time is a reading" in str(verdict)
 
 
 # 07 · C12: TTFT grows with the prompt (the fastest prefills of lengths timed in turns) and exceeds a decode step

@@ -256,3 +256,196 @@ class StaticDecoder:
             self.step()
             out.append(self.token.clone())
         return torch.cat(out, dim=1)
+
+
+# --------------------------------------------------------------------------- claim C8: the check notebook 05 runs
+
+
+@dataclass
+class DecodeTrace:
+    """What a greedy generation of one prompt `[1, seq]` did, call by call (trace_greedy).
+
+    tokens: `[new_tokens]` the ids it chose. logits: `[new_tokens, vocab]` in fp32, the scores of the last position of
+    each model call (call 0 is the prefill). fed: the tokens each call gave the model, counted where they enter it
+    (its embedding). cache_lengths: the positions the cache held after each call (empty without a cache).
+    """
+
+    prompt_tokens: int
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    fed: list[int]
+    cache_lengths: list[int]
+
+
+def trace_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, *, use_cache: bool = True,
+                 cache: KVCacheInterface | None = None) -> DecodeTrace:
+    """Run `greedy_calls` (the course's loop) on one prompt `[1, seq]` and record what each call fed and scored.
+
+    The tokens fed are counted by a hook on the model's embedding, and the logits read by a hook on its LM head, so
+    the record is what the model saw, whatever the loop meant to give it. cache: the cache to decode with (default a
+    new one); use_cache=False runs the whole sequence again at every call (what a model without a cache does).
+    """
+    if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1:
+        raise CourseError(f"trace_greedy follows one prompt, [1, seq], not {tuple(prompt_ids.shape)}.")
+    if use_cache and cache is None:
+        cache = model.new_cache(1, prompt_ids.shape[1] + new_tokens)
+    fed, scores, lengths = [], [], []
+    hooks = [model.embed_tokens.register_forward_hook(lambda m, args, out: fed.append(args[0].shape[1])),
+             model.lm_head.register_forward_hook(lambda m, args, out: scores.append(out[0, -1].float().clone()))]
+    try:
+        calls = greedy_calls(model, prompt_ids, new_tokens, use_cache=use_cache, cache=cache)
+        while True:
+            try:
+                call = next(calls)
+            except StopIteration as done:
+                tokens = done.value[0]
+                break
+            call()
+            if use_cache:
+                lengths.append(cache.length)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return DecodeTrace(prompt_ids.shape[1], tokens, torch.stack(scores), fed, lengths)
+
+
+@torch.inference_mode()
+def full_pass_logits(reference, prompt_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits a model without a cache gives at every step of a generation, `[new_tokens, vocab]` in fp32: one
+    pass over the prompt and the tokens chosen (the last one is never fed), keeping the positions that predict them.
+
+    reference: a transformers causal LM (or the course's LoadedModel), which knows nothing of our cache.
+    """
+    from ..weights.load import transformers_model
+
+    model = transformers_model(reference)
+    ids = torch.cat([prompt_ids, tokens[None, :-1].to(prompt_ids.device)], dim=1)  # [1, prompt + new - 1]
+    logits = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits  # [1, seq, vocab]
+    return logits[0, prompt_ids.shape[1] - 1:].float()
+
+
+DECODE_ATOL = 1e-4  # fp32 logits (scale ~36 on the real model): measured 5.1e-5 from transformers' full pass at worst
+# over 32 steps of a 53-token prompt; a decode step whose RoPE positions are shifted by +1 moves them by 1.8 to 6.5
+# (+3: 3.3 to 18; +8: 5.7 to 35) from the first shifted step on, whatever tokens it then picks.
+
+
+def check_decode(trace: DecodeTrace, reference_logits: torch.Tensor, *, atol: float = DECODE_ATOL):
+    """Claim C8 on a traced generation: the prefill fed the prompt once, every later call fed one token and the cache
+    grew by one position, and at every step the logits equal those of a full pass without a cache (within `atol`, in
+    fp32) and the tokens are their argmax. Returns the claim's verdict; raises ClaimFailed otherwise.
+
+    A peaked prompt ("the capital of France") cannot tell a wrong decode step from a right one by its tokens: the
+    logits can, on any prompt.
+    """
+    from ..claims import claim
+
+    n, p = trace.tokens.shape[0], trace.prompt_tokens
+    diff = (trace.logits.cpu() - reference_logits.float().cpu()).abs().amax(-1)  # [new] worst logit of each step
+    same_shape = reference_logits.shape == trace.logits.shape
+    expected_fed = [p] + [1] * (n - 1)
+    expected_lengths = [p + i for i in range(n)]
+    close = same_shape and bool((diff <= atol).all())
+    argmax = same_shape and torch.equal(reference_logits.argmax(-1).cpu(), trace.tokens.cpu())
+    worst = int(diff.argmax()) if same_shape else -1
+    evidence = (f"{n} greedy steps after a {p}-token prompt, fp32: tokens fed per call {_runs(trace.fed)} "
+                f"(the prompt once, then 1 a step: {trace.fed == expected_fed}); cache length {p} to "
+                f"{trace.cache_lengths[-1] if trace.cache_lengths else 'none'}, one more each step "
+                f"({trace.cache_lengths == expected_lengths}); logits against a full pass without a cache: at most "
+                f"{float(diff.max()) if same_shape else float('nan'):.1e} (step {worst}), within {atol:g}: {close}; "
+                f"tokens are its argmax: {argmax}")
+    return claim("C8", trace.fed == expected_fed and trace.cache_lengths == expected_lengths and close and argmax,
+                 evidence)
+
+
+def _runs(counts: list[int]) -> str:
+    """[53, 1, 1, 1] as '53, 1 x 3': a list of counts, short."""
+    parts, i = [], 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        parts.append(str(counts[i]) if j - i == 1 else f"{counts[i]} x {j - i}")
+        i = j
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- claim C8: the time notebook 06 measures
+
+
+@dataclass
+class CountedRun:
+    """A timed greedy generation (its tokens and each call's seconds) and the tokens each call fed the model."""
+
+    generation: Generation
+    fed: list[int]
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.generation.step_seconds)
+
+
+def _counting(model, calls, fed: list):
+    """greedy_calls, each call counting the tokens that enter the model's embedding (into `fed`)."""
+    while True:
+        try:
+            call = next(calls)
+        except StopIteration as done:
+            return done.value
+
+        def counted(call=call):
+            hook = model.embed_tokens.register_forward_hook(lambda m, args, out: fed.append(args[0].shape[1]))
+            try:
+                call()
+            finally:
+                hook.remove()
+        yield counted
+
+
+def time_cache_runs(model, prompt_ids: torch.Tensor, new_tokens: int, device=None, *,
+                    uses_cache: dict | None = None) -> dict:
+    """Time greedy generations of `prompt_ids` `[1, seq]` with and without the KV cache, call by call in turns
+    (measure.timing.time_generations_interleaved), counting the tokens each call fed the model: {name: CountedRun}.
+
+    uses_cache: {name: whether that run uses the cache}, by default {"with": True, "without": False}.
+    """
+    from ..measure.timing import time_generations_interleaved
+
+    uses_cache = {"with": True, "without": False} if uses_cache is None else uses_cache
+    fed = {name: [] for name in uses_cache}
+    calls = {name: _counting(model, greedy_calls(model, prompt_ids, new_tokens, use_cache=cached), fed[name])
+             for name, cached in uses_cache.items()}
+    runs = time_generations_interleaved(calls, device if device is not None else prompt_ids.device)
+    return {name: CountedRun(runs[name], fed[name]) for name in uses_cache}
+
+
+# The speed-up a cache must show on a CPU: the time without it over the time with it, both runs timed call by call in
+# turns (notebook 06: 64 new tokens after a 9-token prompt, SmolLM2-135M in fp32, torch on the cores the policy found
+# free). Measured on the 2-core test machine, shared with other jobs (load average 5-8, torch on 1 thread):
+# - the true world (with against without the cache): 2.82, 2.75, 2.73, 2.69, and 2.9 in the notebook under nbval;
+# - the false world (both runs without a cache, through time_cache_runs): 0.99, 1.00, 1.02, 1.00.
+# 1.5 sits 1.5x above the worst false-world ratio and 1.8x below the worst true-world one.
+MIN_CPU_SPEEDUP = 1.5
+
+
+def check_cache_speedup(runs: dict, *, on_gpu: bool, min_speedup: float = MIN_CPU_SPEEDUP):
+    """Claim C8 on `time_cache_runs`'s two runs, "with" and "without": the cached run fed the prompt once and then one
+    token per call, the uncached run fed more, both chose the same number of tokens, and, on a CPU, the uncached run
+    took at least `min_speedup` times as long (a margin that two runs without a cache, timed in turns, do not reach).
+
+    On a GPU the time is reported, not asserted: for a model this small, a step's time there is mostly fixed costs
+    (launches), with or without the cache (notebook 07 measures it).
+    """
+    from ..claims import claim
+
+    with_cache, without = runs["with"], runs["without"]
+    n, p = with_cache.generation.tokens.shape[1], with_cache.fed[0] if with_cache.fed else 0
+    one_each = with_cache.fed == [p] + [1] * (n - 1)
+    fed_less = sum(with_cache.fed) < sum(without.fed)
+    speedup = without.seconds / with_cache.seconds
+    fast = on_gpu or speedup >= min_speedup
+    evidence = (f"{n} tokens: {without.seconds:.2f} s without the cache ({sum(without.fed):,} tokens fed to the "
+                f"model), {with_cache.seconds:.2f} s with it ({sum(with_cache.fed):,} fed: the prompt once, then one a "
+                f"step: {one_each}), the calls in turns: {speedup:.1f}x faster"
+                + (" (on a GPU the time is a reading, not asserted)" if on_gpu
+                   else f" (asserted: at least {min_speedup:g}x)"))
+    return claim("C8", one_each and fed_less and fast, evidence)

@@ -11,6 +11,7 @@ allocator's reserve keep some back (vLLM uses 90% of the memory by default).
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -217,3 +218,59 @@ def kv_cache_bytes_from_config(config: dict, context: int, bytes_per_element: in
 
 
 FAMOUS_MODELS: dict[str, ModelShape] = {name: _shape(name) for name in PARAMETERS}  # the calculator's
+
+
+# ---------------------------------------------------------------------------------------------- claim C10, measured
+
+@torch.inference_mode()
+def measure_kv_bytes(reference, token_ids: torch.Tensor, lengths, batches, new_cache=None) -> dict:
+    """The bytes of keys and values that transformers' model holds in its cache after a prefill, for every
+    (tokens, sequences) of lengths x batches: {(tokens, sequences): bytes}, counted on the cache's own tensors.
+
+    token_ids: `[1, >= max(lengths)]`; each prefill feeds its first `tokens` ids, repeated for `sequences` rows.
+    new_cache: a function of the model's config giving the cache to fill (default: transformers' DynamicCache, which
+    grows as tokens come; a StaticCache, which reserves a maximum length up front, is the world without growth).
+    """
+    from ..weights.load import transformers_model
+
+    model = transformers_model(reference)
+    measured = {}
+    for tokens in lengths:
+        for sequences in batches:
+            ids = token_ids[:, :tokens].expand(sequences, -1)  # [sequences, tokens]
+            kwargs = {} if new_cache is None else {_cache_argument(model): new_cache(model.config)}
+            out = model(ids, attention_mask=torch.ones_like(ids), use_cache=True, **kwargs)
+            cache = getattr(out, "cache", None) or out.past_key_values
+            measured[(tokens, sequences)] = sum(t.numel() * t.element_size() for layer in cache.layers
+                                                for t in (layer.keys, layer.values))
+    return measured
+
+
+def _cache_argument(model) -> str:
+    """The name under which this transformers version takes a cache to fill: `cache` (5.x), else past_key_values."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def check_kv_bytes(config, measured: dict, dtype: torch.dtype, ours: dict | None = None):
+    """Claim C10 on measured cache bytes: {(tokens, sequences): bytes} from `measure_kv_bytes` (and `ours`, the same
+    from the course's own cache) must each equal the formula, kv_cache_bytes(config, tokens, sequences, dtype), and
+    the measurements must span at least two lengths and two batch sizes, each growing in proportion: the bytes per
+    token and sequence are the same at every point (a cache that reserved a maximum length would not grow, and one
+    that shared a row between users would not grow with them). Returns the verdict; raises ClaimFailed otherwise."""
+    from ..claims import claim
+    from ..model.kv_cache import kv_cache_bytes
+
+    points = {("transformers", *k): v for k, v in measured.items()}
+    points.update({("ours", *k): v for k, v in (ours or {}).items()})
+    formula = {key: kv_cache_bytes(config, key[1], key[2], dtype=dtype) for key in points}
+    equal = all(points[key] == formula[key] for key in points)
+    per_unit = {points[key] / (key[1] * key[2]) for key in points if key[1] * key[2]}
+    lengths = sorted({t for _, t, _ in points})
+    batches = sorted({b for _, _, b in points})
+    spans = len(lengths) >= 2 and len(batches) >= 2
+    rows = "; ".join(f"{who} {t} tokens x {b}: {points[(who, t, b)]:,} (formula {formula[(who, t, b)]:,})"
+                     for who, t, b in sorted(points))
+    evidence = (f"{rows}. Equal to the formula: {equal}; {len(lengths)} lengths and {len(batches)} batch sizes, the bytes "
+                f"per token and sequence the same at every point ({', '.join(f'{u:,.0f}' for u in sorted(per_unit))}): "
+                f"{len(per_unit) == 1}")
+    return claim("C10", equal and spans and len(per_unit) == 1, evidence)

@@ -11,6 +11,7 @@ and the flattened batches that lay a whole batch end to end in one row (serve/se
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 import torch
 
@@ -211,3 +212,59 @@ def _first(config, *names, default=KeyError):
     if default is KeyError:
         raise CourseError(f"The config has none of {names}: is it a decoder language model?")
     return default
+
+
+# --------------------------------------------------------------------------- claim C7: the check notebook 06 runs
+
+
+@torch.inference_mode()
+def transformers_prefill_kv(reference, prompt_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The keys and values transformers' own model stores in its DynamicCache after a prefill of `prompt_ids`
+    `[batch, seq]`: one (keys, values) pair per layer, each `[batch, kv_heads, seq, head_dim]`, RoPE applied to the
+    keys (as ours). reference: a transformers causal LM or the course's LoadedModel; it knows nothing of our cache."""
+    from ..weights.load import transformers_model
+
+    model = transformers_model(reference)
+    out = model(prompt_ids, attention_mask=torch.ones_like(prompt_ids), use_cache=True)
+    theirs = getattr(out, "cache", None) or out.past_key_values
+    return [(layer.keys, layer.values) for layer in theirs.layers]
+
+
+def prefill_tolerance(dtype: torch.dtype) -> float:
+    """How far a stored K or V vector may sit from transformers' (relative, per position): fp32 rounding, or 16-bit."""
+    return 1e-4 if dtype == torch.float32 else 5e-2
+
+
+def check_prefill_cache(cache: KVCache, theirs: list, prompt_tokens: int, bytes_expected: int, *,
+                        tolerance: float | None = None):
+    """Claim C7 after a prefill of `prompt_tokens` tokens: the cache's length is the prompt's, its bytes are
+    `bytes_expected` (the formula's), and in EVERY layer, for K and for V, EVERY prompt position holds the vector
+    transformers' DynamicCache holds there (`theirs`, from transformers_prefill_kv), within `tolerance` of its size.
+
+    The distance is measured position by position, |ours - theirs| / |theirs| over the batch, heads and head_dim, so one
+    missing or zeroed position in one layer counts in full (1.0), not diluted by the others. Returns the verdict.
+    """
+    from ..claims import claim
+
+    n = prompt_tokens
+    tolerance = prefill_tolerance(cache.keys[0].dtype) if tolerance is None else tolerance
+    worst, where, shapes_ok = 0.0, "", len(theirs) == len(cache.keys)
+    for layer, (their_k, their_v) in enumerate(theirs[:len(cache.keys)]):
+        for name, ours, ref in (("K", cache.keys[layer], their_k), ("V", cache.values[layer], their_v)):
+            ours = ours[:, :, :n].float()
+            ref = ref.float().to(ours.device)
+            if ours.shape != ref.shape:
+                shapes_ok, worst, where = False, math.inf, f"layer {layer} {name}: {tuple(ours.shape)} against {tuple(ref.shape)}"
+                continue
+            per_position = ((ours - ref).square().sum((0, 1, 3)).sqrt()
+                            / ref.square().sum((0, 1, 3)).sqrt().clamp_min(1e-30))  # [n]
+            if float(per_position.max()) > worst:
+                worst, position = float(per_position.max()), int(per_position.argmax())
+                where = f"layer {layer} {name}, position {position}"
+    used = cache.used_bytes()
+    k_shape = tuple(cache.keys[0][:, :, :n].shape)
+    evidence = (f"after prefilling {n} tokens: length {cache.length}, keys and values {k_shape} in each of "
+                f"{len(cache.keys)} layers, {used:,} bytes (the formula: {bytes_expected:,}); every layer's K and V at "
+                f"every position against transformers' DynamicCache: at most {worst:.1e} of their size ({where}), "
+                f"within {tolerance:g}: {worst <= tolerance}")
+    return claim("C7", cache.length == n and used == bytes_expected and shapes_ok and worst <= tolerance, evidence)
