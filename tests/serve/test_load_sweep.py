@@ -9,7 +9,10 @@ from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.cost import StepCost
 from llm_anatomy.serve.load import (claim_short_requests_wait_less, engines, goodput_rate, load_sweep,
                                     service_rate, slo_attainment)
+from llm_anatomy.serve.block_manager import pool_blocks
 from llm_anatomy.serve.metrics import poisson_trace
+from llm_anatomy.serve.paged_kv import PagedKVPool
+from llm_anatomy.serve.scheduler import ContinuousScheduler
 
 COST = StepCost(decode_call_s=0.05, decode_row_s=0.004, prefill_call_s=0.06, prefill_token_s=0.0015, context_s=2e-6)
 PROMPTS, OUTPUTS = [4, 8, 12], [2, 2, 3, 16]
@@ -70,6 +73,7 @@ def test_c15_holds_on_the_sweep(sweep):
     assert "C15 holds" in str(claim_short_requests_wait_less(sweep[1]))
 
 
+@pytest.mark.counterfactual("C15", "the 'continuous' engine batches request by request, as static batching does")
 def test_c15_fails_when_continuous_batching_waits_like_static_batching(servers):
     # evidence broken: the "continuous" engine batches request by request, as static batching does
     broken = {"static": servers["static"], "continuous": servers["static"]}
@@ -83,6 +87,27 @@ def test_c15_fails_when_continuous_batching_waits_like_static_batching(servers):
         claim_short_requests_wait_less(faster)
     with pytest.raises(CourseError, match="one of them at 0.7x"):
         claim_short_requests_wait_less([r for r in rows if r["fraction"] < 0.7])
+
+
+class DrainFirst(ContinuousScheduler):
+    """Continuous batching that admits only when its whole batch has finished (it still retires each request at
+    once): short requests that arrive meanwhile wait for the longest one."""
+
+    def _admit(self):
+        return super()._admit() if not self.running else []
+
+
+@pytest.mark.counterfactual("C15", "continuous batching that admits only when its whole batch has finished")
+def test_c15_fails_when_continuous_batching_admits_only_into_an_empty_batch(tiny, servers):
+    blocks = pool_blocks([max(PROMPTS) + max(OUTPUTS)] * 3, 4)
+    drain = lambda requests: DrainFirst(tiny, PagedKVPool.for_model(tiny, blocks, 4), 3, cost=COST).run(requests)  # noqa: E731
+    capacity = service_rate(servers["continuous"], poisson_trace(10, 1.0, PROMPTS, OUTPUTS, seed=2, vocab_size=128))
+    step = COST.decode_step_s(1, 8)
+    rows = load_sweep({"static": servers["static"], "continuous": drain}, capacity, 10, PROMPTS, OUTPUTS,
+                      fractions=(0.3, 0.7, 1.0), ttft_slo_s=12 * step, tpot_slo_s=2 * step, short_tokens=3, seed=2,
+                      vocab_size=128, threads=1)
+    with pytest.raises(ClaimFailed, match="C15 FAILED"):
+        claim_short_requests_wait_less(rows)
 
 
 def test_a_sweep_without_short_requests_or_a_capacity_is_refused(servers):

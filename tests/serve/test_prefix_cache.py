@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llm_anatomy.device import torch_threads
 from llm_anatomy.serve.batching import Request
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool
 from llm_anatomy.claims import ClaimFailed
-from llm_anatomy.serve.prefix_cache import PrefixCache, block_keys, claim_hits_skip_work
+from llm_anatomy.serve.prefix_cache import (PrefixCache, block_keys, claim_hits_skip_work,
+                                            claim_same_tokens_less_prefill)
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731
@@ -112,14 +114,26 @@ def test_a_full_pool_evicts_cached_blocks_before_preempting(tiny):
 # --------------------------------------------------------------------------- C16: TTFT against the hit rate
 
 
-def _hit_sweep(tiny, prefix_cache=True):
+class RecomputingHits(ContinuousScheduler):
+    """A prefix cache that finds and reports its hits (the blocks are shared, `cached` is set) but prefills the whole
+    prompt all the same: the work skipped is not the tokens cached."""
+
+    def _admit(self):
+        joined = super()._admit()
+        for a in self.running:
+            if a.request in joined:
+                a.computed = 0
+        return joined
+
+
+def _hit_sweep(tiny, prefix_cache=True, scheduler_class=ContinuousScheduler):
     from llm_anatomy.serve.cost import StepCost
 
     cost = StepCost(0.05, 0.002, 0.06, 0.001, 1e-6)
     g = torch.Generator().manual_seed(1)
     system = torch.randint(3, 128, (32,), generator=g).tolist()
     other = torch.randint(3, 128, (32,), generator=g).tolist()
-    sched = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 40, 4), 1, prefix_cache=prefix_cache, cost=cost)
+    sched = scheduler_class(tiny, PagedKVPool.for_model(tiny, 40, 4), 1, prefix_cache=prefix_cache, cost=cost)
     sched.run([Request(system + [7, 8], 1)])  # warm the cache
     rates, ttfts, prefilled, cached, lengths = [], [], [], [], []
     for share in (0.0, 0.5, 1.0):
@@ -140,6 +154,7 @@ def test_c16_holds_on_a_hit_rate_sweep(tiny):
     assert "C16 holds" in str(claim_hits_skip_work(rates, ttfts, prefilled, cached, lengths))
 
 
+@pytest.mark.counterfactual("C16", "the prefix cache is off: every hit rate is 0")
 def test_c16_fails_when_the_cache_is_off_or_a_hit_still_costs_its_prefill(tiny):
     with pytest.raises(ClaimFailed, match="C16 FAILED"):  # no cache: every hit rate 0, nothing to compare
         claim_hits_skip_work(*_hit_sweep(tiny, prefix_cache=False))
@@ -148,3 +163,76 @@ def test_c16_fails_when_the_cache_is_off_or_a_hit_still_costs_its_prefill(tiny):
         claim_hits_skip_work(rates, ttfts, lengths, cached, lengths)
     with pytest.raises(ClaimFailed, match="C16 FAILED"):  # TTFT that does not fall with the hit rate
         claim_hits_skip_work(rates, ttfts[::-1], prefilled, cached, lengths)
+
+
+@pytest.mark.counterfactual("C16", "a prefix cache that reports its hits but prefills the whole prompt again")
+def test_c16_fails_on_an_engine_that_recomputes_its_hits(tiny):
+    rates, ttfts, prefilled, cached, lengths = _hit_sweep(tiny, scheduler_class=RecomputingHits)
+    assert rates[-1] > 0.9 and prefilled == lengths  # hits reported, every prompt token prefilled
+    with pytest.raises(ClaimFailed, match="C16 FAILED.*every request False"):
+        claim_hits_skip_work(rates, ttfts, prefilled, cached, lengths)
+
+
+# --------------------------------------------------------------------------- C16: the same tokens, less prefill
+
+
+def _served_both_ways(tiny, prompts, scheduler_class=ContinuousScheduler):
+    out = {}
+    for on in (False, True):
+        sched = scheduler_class(tiny, PagedKVPool.for_model(tiny, 40, 4), max_batch=2, prefix_cache=on, cost=COST)
+        served = sched.run([Request(p, 4, arrival_s=float(i)) for i, p in enumerate(prompts)])
+        out[on] = (served, sum(c.tokens for c in sched.calls if c.kind == "prefill"))
+    return out[False][0], out[True][0], out[False][1], out[True][1]
+
+
+g = torch.Generator().manual_seed(2)
+SYSTEM = torch.randint(3, 128, (12,), generator=g).tolist()
+QUESTIONS = [SYSTEM + torch.randint(3, 128, (k,), generator=g).tolist() for k in (3, 5, 2)]
+
+
+def test_c16_same_tokens_less_prefill_holds(tiny):
+    verdict = str(claim_same_tokens_less_prefill(*_served_both_ways(tiny, QUESTIONS)))
+    assert "C16 holds" in verdict and "(24 found in the cache)" in verdict  # 3 blocks of 4, by the 2nd and 3rd
+
+
+@pytest.mark.counterfactual("C16", "block keys that hash a block's tokens alone, not chained to the block before")
+def test_c16_fails_when_keys_are_not_chained(real, monkeypatch):
+    import hashlib
+
+    import llm_anatomy.serve.prefix_cache as pc
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    model, tok = ScratchLlama.from_hf(real.model), real.tokenizer
+    block = tok(" one two three four").input_ids  # 4 tokens: one block of 4, three times over in each prompt
+    prompts = [block * 3 + tok(" five").input_ids, block * 3 + tok(" and").input_ids]
+
+    def unchained(tokens, block_size):  # the bug: a block's key forgets what came before it
+        return [hashlib.sha256(str(list(tokens[i:i + block_size])).encode()).hexdigest()
+                for i in range(0, len(tokens) - block_size + 1, block_size)]
+
+    with torch_threads(1):
+        assert "C16 holds" in str(claim_same_tokens_less_prefill(*_served_both_ways(model, prompts)))
+        monkeypatch.setattr(pc, "block_keys", unchained)
+        plain, reused, before, after = _served_both_ways(model, prompts)
+    assert reused[1].cached == 12  # all three of its blocks "found" in block 0 of the first prompt: positions 0-3
+    with pytest.raises(ClaimFailed, match="C16 FAILED.*identical outputs with and without prefix caching: False"):
+        claim_same_tokens_less_prefill(plain, reused, before, after)
+
+
+@pytest.mark.counterfactual("C16", "a prefix cache that reports hits but prefills every prompt token again")
+def test_c16_same_tokens_fails_when_hits_are_recomputed(tiny):
+    with pytest.raises(ClaimFailed, match="C16 FAILED.*24 found in the cache"):
+        claim_same_tokens_less_prefill(*_served_both_ways(tiny, QUESTIONS, RecomputingHits))
+
+
+@pytest.mark.counterfactual("C16", "a prefix cache that never hits (a key that changes with every request)")
+def test_c16_same_tokens_fails_when_the_cache_never_hits(tiny, monkeypatch):
+    import itertools
+
+    import llm_anatomy.serve.prefix_cache as pc
+
+    fresh = itertools.count()
+    real_keys = pc.block_keys
+    monkeypatch.setattr(pc, "block_keys", lambda tokens, size: [f"{k}-{next(fresh)}" for k in real_keys(tokens, size)])
+    with pytest.raises(ClaimFailed, match="C16 FAILED.*0 found in the cache"):
+        claim_same_tokens_less_prefill(*_served_both_ways(tiny, QUESTIONS))

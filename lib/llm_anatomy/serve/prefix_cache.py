@@ -124,6 +124,18 @@ class PrefixCache:
         self._blocks.clear()
 
 
+def claim_same_tokens_less_prefill(plain, reused, prefilled_plain: int, prefilled_reused: int):
+    """C16 on the same requests served without and with prefix caching: identical outputs, and fewer prompt tokens
+    prefilled with it (the engine's own prefill calls, summed). Raises ClaimFailed otherwise: a cache that hands out
+    blocks of another prefix (keys not chained to the block before) changes tokens; one that never hits, or that
+    reports hits but prefills the prompt all the same, prefills as much as no cache."""
+    same = [r.output for r in plain] == [r.output for r in reused]
+    hit = sum(r.cached for r in reused)
+    return claim("C16", same and prefilled_reused < prefilled_plain,
+                 f"identical outputs with and without prefix caching: {same}; prompt tokens prefilled "
+                 f"{prefilled_plain} without, {prefilled_reused} with it ({hit} found in the cache)")
+
+
 def claim_hits_skip_work(hit_rates, ttfts_s, prefilled, cached, prompt_lengths):
     """C16 on a hit-rate sweep (at least two different hit rates): TTFT falls at every step up in hit rate, and each
     request prefilled exactly the tokens the cache did not hold (prefilled = prompt length - cached). Raises
