@@ -221,7 +221,7 @@ def test_c6_fails_for_a_prefill_run_token_by_token():
     with pytest.raises(ClaimFailed, match="C6 FAILED"):
         claim_prefill_parallel(160, 160 * 0.154 * 0.9, 0.154, "sequential prefill")  # even 10% quicker per token
     work = forward_work(_smol(), 160, 0, 1, 4, activations=True)  # the same count: only the time differs
-    with pytest.raises(ClaimFailed, match=r"C6 FAILED.*right of the measured ridge.*= 5% of"):
+    with pytest.raises(ClaimFailed, match=r"C6 FAILED.*x the measured ridge.*= 5% of"):
         claim_compute_bound(BUSY, work, 160 * 0.154, what="sequential prefill")
 
 
@@ -244,6 +244,15 @@ def test_c6_fails_for_a_prefill_left_of_the_ridge():
 
     cfg = _smol()
     short = forward_work(cfg, 16, 0, 1, 4, activations=True)  # 5.6 FLOP/byte in fp32
+    # measured in one busy nbval run of 07: 44 GFLOP/s and 9.9 GB/s (ridge 4.5); the 16-token SDPA prefill at 9.4
+    # GFLOP/s (21% of the peak) and the 160-token one at 28.7 (65%, 26.4 FLOP/byte): the short one is at the knee
+    knee = Peaks("busy CPU", "fp32", flops_per_s=44e9, bytes_per_s=9.86e9, how="")
+    long = forward_work(cfg, 160, 0, 1, 4, activations=True)
+    assert "C6 holds" in repr(claim_compute_bound(knee, long, long.flops / 28.7e9, what="a 160-token prefill"))
+    with pytest.raises(ClaimFailed, match=r"C6 FAILED.*1\.3x the measured ridge"):
+        claim_compute_bound(knee, short, short.flops / 9.4e9, what="a 16-token prefill")
+    with pytest.raises(ClaimFailed, match=r"C6 FAILED.*1\.3x the measured ridge"):  # even at the whole peak
+        claim_compute_bound(knee, short, short.flops / 44e9, what="a 16-token prefill")
     ridge_8 = Peaks("CPU, ridge 8", "fp32", flops_per_s=160e9, bytes_per_s=20e9, how="")
     with pytest.raises(ClaimFailed, match="C6 FAILED.*left of the measured ridge"):
         claim_compute_bound(ridge_8, short, short.flops / (0.5 * 160e9), what="a 16-token prefill")  # at 50% of peak
@@ -255,7 +264,7 @@ def test_c6_fails_for_a_prefill_left_of_the_ridge():
 # ----------------------------------------------------------------- C11: decode is memory-bound
 # Measured busy on the 2-core machine: the default model's decode step (batch 1, 64 cached tokens, plain attention,
 # fp32) took 112-127 ms at best against 11.9-12.5 GB/s, reading its 546 MB at 36-39% of the streaming bandwidth;
-# the tiny model's step took 0.66-0.97 ms for its 0.41 MB: 3-5%.
+# the tiny model's step took 0.66-0.97 ms for its 0.41 MB: 3-5% (9% in a busy nbval run: 0.6 ms against 7.5 GB/s).
 BUSY_BW = Peaks("busy CPU", "fp32", flops_per_s=37e9, bytes_per_s=11.9e9, how="")
 
 
@@ -303,6 +312,9 @@ def test_c11_fails_for_the_tiny_overhead_bound_step(tiny_model):
     for seconds in (0.00066, 0.00030):  # measured busy, and twice as quick
         with pytest.raises(ClaimFailed, match="C11 FAILED.*failed: at a share of the bandwidth"):
             claim_memory_bound(BUSY_BW, work, traced, seconds, "the tiny model's decode step")
+    slow_bw = Peaks("busy CPU, 7.5 GB/s", "fp32", flops_per_s=22e9, bytes_per_s=7.5e9, how="")
+    with pytest.raises(ClaimFailed, match="C11 FAILED.*failed: at a share of the bandwidth"):  # 9% in a busy nbval run
+        claim_memory_bound(slow_bw, work, traced, 0.0006, "the tiny model's decode step")
 
 
 @pytest.mark.counterfactual("C11", "a step faster than its bytes allow (bandwidth or bytes wrong)")
