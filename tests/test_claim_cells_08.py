@@ -44,6 +44,7 @@ def test_08_c15_on_one_trace_holds(served):
     assert namespace["figures"]["continuous"]["throughput_tok_s"] > namespace["figures"]["static"]["throughput_tok_s"]
 
 
+@pytest.mark.counterfactual("C15", "continuous batching that retires a finished request only later (08's cell)")
 def test_08_c15_fails_when_a_finished_request_keeps_its_continuous_row(served):
     continuous = [r.fresh() for r in served["continuous"]]
     for mine, theirs in zip(continuous, served["continuous"]):
@@ -52,3 +53,20 @@ def test_08_c15_fails_when_a_finished_request_keeps_its_continuous_row(served):
     continuous[0].released_s += 0.25  # done, but its row given back a quarter of a second later
     with pytest.raises(ClaimFailed, match="0.25 s under continuous"):
         run_cells(cell_source(*C15_ONE_TRACE), namespace=dict(served, continuous=continuous))
+
+
+class DrainFirst(ContinuousScheduler):
+    """Continuous batching that admits only when its whole batch has finished (each request still retires at once)."""
+
+    def _admit(self):
+        return super()._admit() if not self.running else []
+
+
+@pytest.mark.counterfactual("C15", "continuous batching that admits only when its whole batch has finished (08's cell)")
+def test_08_c15_fails_when_the_engine_admits_only_into_an_empty_batch(served):
+    model = ScratchLlama.from_hf(random_llama())
+    trace = poisson_trace(8, 20.0, [4, 8], [2, 2, 3, 12], seed=3, vocab_size=128)
+    drained = DrainFirst(model, PagedKVPool.for_model(model, 16, 4), max_batch=3, cost=COST).run(trace)
+    assert all(r.released_s == r.finished_s for r in drained)  # it frees every row at once, as continuous batching does
+    with pytest.raises(ClaimFailed, match="C15 FAILED.*0 admissions joined a batch already running"):
+        run_cells(cell_source(*C15_ONE_TRACE), namespace=dict(served, continuous=drained))

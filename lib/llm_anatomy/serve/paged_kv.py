@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ..claims import claim
 from ..errors import CourseError
 from ..model.kv_cache import KVCacheInterface
 
@@ -314,3 +315,15 @@ class PagedSequenceCache(KVCacheInterface):
     def allocated_bytes(self) -> int:
         """Bytes of the blocks these sequences hold, filled or not; a shared block counts once."""
         return len(self._blocks_and_fill()) * self.pool.bytes_per_block()
+
+
+def claim_paged_equals_contiguous(tokens_paged: torch.Tensor, tokens_flat: torch.Tensor, logits_paged: torch.Tensor,
+                                  logits_flat: torch.Tensor):
+    """C14, the paged cache is the same cache: greedy tokens `[1, n]` identical and every step's logits
+    `[n, 1, vocab]` equal to the last bit (0.0 apart) with a paged and with a contiguous cache, in fp32. A reader that
+    takes a position from the wrong slot or block, or a pool that stores K and V in another dtype, fails it. Raises
+    ClaimFailed otherwise."""
+    same = torch.equal(tokens_paged, tokens_flat)
+    diff = (logits_paged - logits_flat).abs().max().item()
+    return claim("C14", same and diff == 0.0, f"paged and contiguous caches: identical tokens {same}, max |logit "
+                                              f"difference| {diff} over {len(logits_paged)} steps")
