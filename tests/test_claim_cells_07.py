@@ -85,7 +85,8 @@ def test_07_c6_and_c11_cells_call_the_library_checks():
     """The checks that tests/measure/test_roofline.py runs in their false worlds are the ones the cells call, on the
     op-by-op bytes (activations=True) and, for C11, on the bytes traced from the real step."""
     c6 = cell_source("claim_prefill_parallel(")
-    assert "claim_compute_bound(peaks, long_work" in c6 and "long_work = forward_work(cfg, longest, 0, 1, BYTES, activations=True)" in c6
+    assert "claim_compute_bound(peaks, long_work" in c6
+    assert "long_work = forward_work(cfg, longest, 0, 1, BYTES, activations=True)" in c6
     assert 'claim("C6"' not in c6  # no inline check beside them
     c11 = cell_source("claim_memory_bound(")
     assert "traced_bytes(lambda: decode_step(model" in c11 and "activations=True" in c11

@@ -159,7 +159,8 @@ def pass_rows(cfg, new_tokens: int, past: int = 0, batch: int = 1, bytes_per_ele
         PassRow(f"RMSNorms x {2 * L + 1}", 0.0, 0.0,
                 float(2 * L * norm_bytes(T, d, e) + norm_bytes(heads_rows, d, e))),
         matmul("q_proj", d, q), matmul("k_proj", d, kv), matmul("v_proj", d, kv),
-        PassRow(f"RoPE on q and k x {L} layers", 0.0, 0.0, float(L * (10 * T * (q + kv) + 4 * new_tokens * cfg.head_dim) * e)),
+        PassRow(f"RoPE on q and k x {L} layers", 0.0, 0.0,
+                float(L * (10 * T * (q + kv) + 4 * new_tokens * cfg.head_dim) * e)),
         PassRow(f"KV cache: new K and V written x {L} layers", 0.0, 0.0, float(L * 4 * T * kv * e)),
         PassRow(f"KV cache: read by attention x {L} layers", 0.0, 0.0, float(L * 2 * batch * ctx * kv * e)),
         PassRow(f"attention q.k and w.v ({'full square' if materialized_scores else 'causal'}) x {L} layers",
@@ -202,7 +203,9 @@ def traced_bytes(fn) -> int:
     import torch
 
     class Count(TorchDispatchMode):
-        total = 0
+        def __init__(self):
+            super().__init__()
+            self.total = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -216,16 +219,17 @@ def traced_bytes(fn) -> int:
             out = func(*args, **kwargs)
             if func in (torch.ops.aten.embedding.default, torch.ops.aten._unsafe_view.default):
                 if func is torch.ops.aten.embedding.default:
-                    Count.total += 2 * out.numel() * out.element_size()  # the rows read, the output written
+                    self.total += 2 * out.numel() * out.element_size()  # the rows read, the output written
                 return out
             outs = [] if all(aliased) else [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)] + outs
-            Count.total += sum(t.numel() * t.element_size() for t in tensors)
+            self.total += sum(t.numel() * t.element_size() for t in tensors)
             return out
 
-    with Count():
+    counter = Count()
+    with counter:
         fn()
-    return Count.total
+    return counter.total
 
 def ridge_batch(cfg, past: int, bytes_per_element: int, ridge: float, largest: int = 1 << 20) -> int | None:
     """The smallest batch whose decode step (one new token per sequence after `past` cached positions) reaches
@@ -307,7 +311,8 @@ def claim_prefill_parallel(tokens: int, ttft_s: float, tpot_s: float, what: str,
     bar = tokens / steps * tpot_s
     return claim("C6", ttft_s < bar,
                  f"{what}: {tokens} tokens in {ttft_s * 1e3:,.1f} ms, {ttft_s / tpot_s:.1f} decode steps of "
-                 f"{tpot_s * 1e3:.1f} ms ({tokens / (ttft_s / tpot_s):.0f} tokens per step's time); one token at a time "
+                 f"{tpot_s * 1e3:.1f} ms ({tokens / (ttft_s / tpot_s):.0f} tokens per step's time); "
+                 f"one token at a time "
                  f"would take {tokens} steps, and the bar is {tokens / steps:g}")
 
 
@@ -351,12 +356,14 @@ def claim_memory_bound(peaks: Peaks, work: Work, traced: float, seconds: float, 
     least = work.bytes / peaks.bytes_per_s
     off = work.bytes / traced - 1
     checks = {"counted = traced": abs(off) <= agree, "left of the ridge": work.intensity < peaks.ridge_intensity,
-              "no faster than its bytes": seconds >= floor * least, "at a share of the bandwidth": rate >= share * peaks.bytes_per_s}
+              "no faster than its bytes": seconds >= floor * least,
+              "at a share of the bandwidth": rate >= share * peaks.bytes_per_s}
     failed = [name for name, ok in checks.items() if not ok]
     return claim("C11", not failed,
                  f"{what} moves {work.bytes / 1e6:,.1f} MB counted, {traced / 1e6:,.1f} MB traced op by op "
                  f"({off:+.1%}; within {agree:.0%}); {work.intensity:.2f} FLOP/byte against a ridge of "
-                 f"{peaks.ridge_intensity:.1f}; it took {seconds * 1e3:.2f} ms = {seconds / least:.2f}x its bytes at the "
+                 f"{peaks.ridge_intensity:.1f}; it took {seconds * 1e3:.2f} ms = {seconds / least:.2f}x its bytes at "
+                 f"the "
                  f"measured {peaks.bytes_per_s / 1e9:.1f} GB/s (at least {floor:.1f}x), reading them at "
                  f"{rate / peaks.bytes_per_s:.0%} of it (at least {share:.0%})"
                  + (f"; failed: {', '.join(failed)}" if failed else ""))
