@@ -157,3 +157,123 @@ def test_real_fused_greedy_equals_transformers(real):
     with torch.no_grad():
         ids = prompt[:, :20]
         assert (fast(ids) - real.model(ids).logits).abs().max() < 1e-4
+
+
+# --------------------------------------------------------------------------- C20's checks, true and false worlds
+
+
+def _fusion_check(plain, variants):
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.fused import fusion_evidence
+
+    ids = _ids(1, 10)
+
+    def ops(m):
+        cache = m.new_cache(1, 11)
+        with torch.inference_mode():
+            m(ids, cache=cache)
+            return sum(count_ops(lambda: m(ids[:, -1:], cache=cache)).values())
+    return claim("C20", *fusion_evidence(plain, variants, ids, ops(plain), ops(next(iter(variants.values()))),
+                                         new_tokens=12))
+
+
+def test_the_fusion_check_holds(tiny_model):
+    plain = ScratchLlama.from_hf(tiny_model)
+    _fusion_check(plain, {"fused": fuse(plain), "fused, [in, out]": fuse(plain, "in_out")})
+
+
+@pytest.mark.counterfactual("C20", "a fusion that concatenates gate and up in the wrong order ([up | gate])")
+def test_the_fusion_check_fails_with_gate_and_up_swapped(tiny_model):
+    from llm_anatomy.claims import ClaimFailed
+    from llm_anatomy.fast.fused import Projection as P
+
+    plain = ScratchLlama.from_hf(tiny_model)
+    wrong = fuse(plain)
+    for ours, theirs in zip(wrong.layers, plain.layers):
+        ours.mlp.gate_up_proj = P(torch.cat([theirs.mlp.up_proj.weight, theirs.mlp.gate_proj.weight]))
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):
+        _fusion_check(plain, {"fused": wrong})
+
+
+@pytest.mark.counterfactual("C20", "a 'fused' model that fuses nothing (the plain model: 7 matmuls, as many ops)")
+def test_the_fusion_check_fails_when_nothing_is_fused(tiny_model):
+    from llm_anatomy.claims import ClaimFailed
+
+    plain = ScratchLlama.from_hf(tiny_model)
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):
+        _fusion_check(plain, {"fused": plain})
+
+
+def test_the_graph_break_check_holds_and_fails_with_a_host_read_in_the_step():
+    import torch._dynamo as dynamo
+
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.fused import graph_break_evidence
+
+    plain = ScratchLlama.from_hf(random_llama())
+    decoder = StaticDecoder(plain, batch=1, max_len=8)
+    decoder.prefill(_ids(1, 3))
+    with torch.no_grad():
+        model_breaks = dynamo.explain(lambda: plain(_ids(1, 1)))().graph_break_count
+    with torch.inference_mode():
+        static_breaks = dynamo.explain(decoder._step)().graph_break_count
+
+        def step_with_a_host_read():  # a fixed-shape step that checks the token's range on the host
+            if int(decoder.token.max()) >= plain.cfg.vocab_size:
+                raise ValueError("token out of range")
+            decoder._step()
+        read_breaks = dynamo.explain(step_with_a_host_read)().graph_break_count
+    dynamo.reset()
+    claim("C20", *graph_break_evidence(model_breaks, static_breaks))
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):
+        claim("C20", *graph_break_evidence(model_breaks, read_breaks))
+
+
+@pytest.mark.counterfactual("C20", "a fixed-shape step that reads a value back to the host (its graph breaks)")
+def test_the_graph_break_check_fails_for_a_step_with_a_host_read():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.fused import graph_break_evidence
+
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):
+        claim("C20", *graph_break_evidence(model_call_breaks=3, static_step_breaks=1))
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):  # a model call without its host read: nothing to show
+        claim("C20", *graph_break_evidence(model_call_breaks=0, static_step_breaks=0))
+
+
+@pytest.mark.counterfactual("C20", "GPU: a 'replay' that relaunches every kernel, as fast as eager (timed on the CPU)")
+def test_the_replay_check_fails_when_replay_is_eager_relabelled():
+    """The GPU cell's check, on timings this CPU can make: the same step timed twice, in turns, as "eager" and as
+    "replay", is never 0.8x of itself; a step that does a fifth of the work passes."""
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.fused import replay_evidence
+    from llm_anatomy.measure.timing import time_interleaved
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    step = lambda: a @ b  # noqa: E731
+    fifth = lambda: a[:, :48] @ b[:48]  # noqa: E731
+    t = {n: s.min_s for n, s in time_interleaved({"eager": step, "replay": step, "fast": fifth}, warmup=2,
+                                                 repeats=20).items()}
+    with pytest.raises(ClaimFailed, match="C20 FAILED"):
+        claim("C20", *replay_evidence(t["eager"], t["replay"]))
+    claim("C20", *replay_evidence(t["eager"], t["fast"]))
+    with pytest.raises(CourseError):
+        replay_evidence(0.0, 1e-3)
+
+
+def test_the_matmuls_hold_most_of_the_real_models_cpu_step(real):
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.packed import one_step
+    from llm_anatomy.measure.overhead import matmul_share, matmul_share_evidence
+
+    with torch.inference_mode():
+        claim("C20", *matmul_share_evidence(*matmul_share(one_step(ScratchLlama.from_hf(real.model), _ids(1, 20)))))
+
+
+@pytest.mark.counterfactual("C20", "CPU: a step bound by its ops' dispatch, not its matmuls (a tiny model)")
+def test_the_matmul_share_check_fails_for_a_dispatch_bound_step(tiny_model):
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.packed import one_step
+    from llm_anatomy.measure.overhead import matmul_share, matmul_share_evidence
+
+    with torch.inference_mode(), pytest.raises(ClaimFailed, match="C20 FAILED"):
+        claim("C20", *matmul_share_evidence(*matmul_share(one_step(ScratchLlama.from_hf(tiny_model), _ids(1, 4)))))

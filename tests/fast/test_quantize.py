@@ -182,3 +182,49 @@ def test_kv_cache_int8_round_trip(scratch, passage):
     assert q.kv_int8_max_error(k) == error.max().item() > 0
     assert q.kv_int8_max_error(k) < 0.005 * k.abs().max().item()  # under half a percent of the largest key
     assert q.kv_int8_max_error(torch.zeros(1, 1, 2, 4)) == 0.0
+
+
+# C17's bytes-and-quality check (quantization_evidence): the formula's bytes against the tensors' own, on a tiny model
+def _byte_counts(model):
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    scratch = ScratchLlama.from_hf(model)
+    per_token = {"fp32": q.weight_bytes_per_token(scratch, "fp32"), "int8": q.weight_bytes_per_token(scratch, "int8"),
+                 "int4": q.weight_bytes_per_token(scratch, "int4", 32, head_fmt="int8")}
+    stored = {"fp32": q.stored_weight_bytes(scratch, "fp32"), "int8": q.stored_weight_bytes(scratch, "int8"),
+              "int4": q.stored_weight_bytes(scratch, "int4", 32, head_fmt="int8")}
+    return scratch, per_token, stored
+
+
+def test_the_byte_formula_equals_the_quantized_tensors_bytes(tiny_model):
+    from llm_anatomy.claims import claim
+
+    _, per_token, stored = _byte_counts(tiny_model)
+    assert per_token == stored
+    claim("C17", *q.quantization_evidence(per_token, stored, kl8=0.005, agree8=0.96))
+
+
+@pytest.mark.counterfactual("C17", "a byte count per token that forgets the LM head (or int8's scales)")
+def test_the_quantization_check_fails_when_the_byte_formula_is_wrong(tiny_model, monkeypatch):
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    scratch, per_token, stored = _byte_counts(tiny_model)
+    head = scratch.lm_head.weight.numel()
+    no_head = dict(per_token, int8=per_token["int8"] - round(head * q.bytes_per_weight("int8", scratch.cfg.hidden_size)))
+    with pytest.raises(ClaimFailed, match="C17 FAILED.*differ"):
+        claim("C17", *q.quantization_evidence(no_head, stored, kl8=0.005, agree8=0.96))
+    monkeypatch.setitem(q.bytes_per_weight.__globals__, "bytes_per_weight",
+                        lambda fmt, in_features=None, group_size=32: {"int8": 1.0, "int4": 0.5, "fp32": 4.0}[fmt])
+    no_scales = dict(per_token, int8=q.weight_bytes_per_token(scratch, "int8"))  # codes only: a weight a byte
+    with pytest.raises(ClaimFailed, match="C17 FAILED"):
+        claim("C17", *q.quantization_evidence(no_scales, stored, kl8=0.005, agree8=0.96))
+
+
+@pytest.mark.counterfactual("C17", "int8 whose quality is worse than its bar (a reading of the KL, not a claim, would pass)")
+def test_the_quantization_check_fails_on_int8_quality_past_its_bar(tiny_model):
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    _, per_token, stored = _byte_counts(tiny_model)
+    for kl8, agree8 in [(0.019, 0.906), (0.08, 0.85)]:  # codes truncated; one scale a matrix (measured, real model)
+        with pytest.raises(ClaimFailed, match="C17 FAILED"):
+            claim("C17", *q.quantization_evidence(per_token, stored, kl8, agree8))

@@ -39,12 +39,17 @@ def test_the_evidence_holds_with_the_real_rule(pair):
     assert 0 < found.acceptance < 1
 
 
+@pytest.mark.counterfactual("C18", "the whole sampling loop keeps every draft (end to end, notebook 09's second-token test)")
 def test_the_evidence_fails_when_the_loop_keeps_every_draft(pair, monkeypatch):
+    from llm_anatomy.claims import ClaimFailed, claim
+
     small, draft = pair
     monkeypatch.setattr(speculative, "accept_or_resample",
                         lambda p, q, drafts, generator=None: (torch.ones_like(drafts, dtype=torch.bool), drafts))
     found = end_to_end_sampling(small, IDS, draft, draws=300, temperature=0.3)
     assert not found.holds and found.against_model.p_value < 1e-3, found.evidence()
+    with pytest.raises(ClaimFailed, match="C18 FAILED"):
+        claim("C18", found.holds, found.evidence())  # the notebook's cell: claim("C18", e2e.holds, e2e.evidence())
 
 
 def test_bad_input_is_refused(pair):

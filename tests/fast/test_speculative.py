@@ -233,3 +233,67 @@ def test_the_cost_model_prices_each_round_at_its_own_width():
     assert best_draft_length(0.9, 0.01) > best_draft_length(0.9, 0.3) >= best_draft_length(0.5, 0.3)
     with pytest.raises(CourseError, match="cost c"):
         leviathan_speedup(0.5, 2, -1)
+
+
+# --------------------------------------------------------------------------- C18's checks in false worlds
+
+
+def _keep_every_draft(logits, drafts, q, settings, generator):
+    """A verifier that accepts every draft token, whatever the model says: the next token comes after them."""
+    return len(drafts), int(logits[len(drafts)].argmax())
+
+
+def test_the_greedy_check_holds_for_the_real_loop(tiny):
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.speculative import same_greedy_tokens
+
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    plain = generate_greedy(tiny, ids, 30).tokens[0].tolist()
+    claim("C18", *same_greedy_tokens(plain, {"prompt lookup": speculative_generate(tiny, ids, 30, PromptLookupDraft(), 8).tokens,
+                                             "skip": speculative_generate(tiny, ids, 30, LayerSkipDraft(tiny, [0]), 2).tokens}))
+
+
+@pytest.mark.counterfactual("C18", "a greedy verifier that keeps every draft token (no comparison with the model's choice)")
+def test_the_greedy_check_fails_when_the_verifier_keeps_every_draft(tiny, monkeypatch):
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast import speculative
+    from llm_anatomy.fast.speculative import same_greedy_tokens
+
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    plain = generate_greedy(tiny, ids, 30).tokens[0].tolist()
+    monkeypatch.setattr(speculative, "_verify", _keep_every_draft)
+    skip = speculative_generate(tiny, ids, 30, LayerSkipDraft(tiny, [0]), 2).tokens
+    with pytest.raises(ClaimFailed, match="C18 FAILED.*differ"):
+        claim("C18", *same_greedy_tokens(plain, {"skip": skip}))
+
+
+def test_the_rule_check_holds_for_leviathans_rule():
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.sampling_check import rule_check
+
+    p, near, bad = _distributions()
+    claim("C18", rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0)).holds, "")
+
+
+@pytest.mark.counterfactual("C18", "a sampling verifier that accepts every draft token: the tokens follow the draft")
+def test_the_rule_check_fails_when_every_draft_is_accepted():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.sampling_check import rule_check
+
+    p, near, bad = _distributions()
+    accept_all = lambda p, q, drafts, generator=None: (torch.ones_like(drafts, dtype=torch.bool), drafts)  # noqa: E731
+    found = rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0), rule=accept_all)
+    assert found.tests["bad"].p_value < 1e-6
+    with pytest.raises(ClaimFailed, match="C18 FAILED"):
+        claim("C18", found.holds, found.evidence())
+
+
+@pytest.mark.counterfactual("C18", "a rule that resamples a rejected draft from p instead of max(p - q, 0)")
+def test_the_rule_check_fails_when_rejections_resample_from_p():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.sampling_check import _resample_from_p, rule_check
+
+    p, near, bad = _distributions()
+    found = rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0), rule=_resample_from_p)
+    with pytest.raises(ClaimFailed, match="C18 FAILED"):
+        claim("C18", found.holds, found.evidence())

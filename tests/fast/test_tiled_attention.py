@@ -125,3 +125,77 @@ def test_peak_memory_counts_what_a_function_allocates():
     assert peak_tensor_bytes(lambda: torch.zeros(1000, 250)) == 1_000_000
     kept = torch.zeros(1000)  # alive before: not counted
     assert peak_tensor_bytes(lambda: kept.add_(1)) < 100  # at most a scalar or two of bookkeeping
+
+
+# --------------------------------------------------------------------------- C19's checks in false worlds
+
+
+def _relative(attend):
+    from llm_anatomy.fast.tiled_attention import relative_error
+
+    q, k, v = _qkv(1, 6, 2, 200, 200, d=32, seed=4)
+    plain = attention(q, k, v)
+    return {(bq, bk): relative_error(attend(q, k, v, block_q=bq, block_k=bk), plain)
+            for bq, bk in [(64, 64), (48, 100), (1, 256)]}
+
+
+def test_the_equality_check_holds_for_tiled_attention():
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.tiled_attention import equality_evidence
+
+    claim("C19", *equality_evidence(_relative(tiled_attention)))
+
+
+@pytest.mark.counterfactual("C19", "an online softmax that does not rescale what it summed when the maximum grows")
+def test_the_equality_check_fails_without_the_rescale(monkeypatch):
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast import tiled_attention as tiled
+
+    def no_rescale(m, l, o, scores, v):
+        m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
+        e = torch.exp(scores - m_new)
+        return m_new, l + e.sum(dim=-1, keepdim=True), o + e @ v  # the old l and o stay measured against the old m
+    monkeypatch.setattr(tiled, "online_softmax_update", no_rescale)
+    with pytest.raises(ClaimFailed, match="C19 FAILED"):
+        claim("C19", *tiled.equality_evidence(_relative(tiled.tiled_attention)))
+
+
+LENGTHS = [128, 256, 512, 1024]
+
+
+def _peaks(tiled_fn):
+    plain, tiled = [], []
+    for n in LENGTHS:
+        q, k, v = _qkv(1, 4, 2, n, n, d=32, seed=n)
+        plain.append(peak_tensor_bytes(lambda: attention(q, k, v)))
+        tiled.append(peak_tensor_bytes(lambda: tiled_fn(q, k, v, block_q=64, block_k=64)))
+    return plain, tiled
+
+
+def test_the_memory_check_holds_for_tiled_attention():
+    from llm_anatomy.claims import claim
+    from llm_anatomy.fast.tiled_attention import memory_growth_evidence
+
+    claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(tiled_attention)))
+
+
+@pytest.mark.counterfactual("C19", "a 'tiled' attention that materializes the whole score matrix")
+def test_the_memory_check_fails_for_a_tiling_that_materializes_the_scores():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.tiled_attention import memory_growth_evidence
+
+    def whole_matrix(q, k, v, *, block_q=128, block_k=128):  # computes every score at once, then returns in tiles
+        return attention(q, k, v)
+    with pytest.raises(ClaimFailed, match="C19 FAILED"):
+        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(whole_matrix)))
+
+
+@pytest.mark.counterfactual("C19", "a tiled attention whose tile of queries spans the whole prompt (block_q = n)")
+def test_the_memory_check_fails_when_a_tile_spans_the_prompt():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.tiled_attention import memory_growth_evidence
+
+    def one_tile(q, k, v, *, block_q=128, block_k=128):  # a tile as large as the prompt: scores [n, n] at once
+        return tiled_attention(q, k, v, block_q=q.shape[2], block_k=k.shape[2])
+    with pytest.raises(ClaimFailed, match="C19 FAILED"):
+        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(one_tile)))

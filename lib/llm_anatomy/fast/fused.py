@@ -168,3 +168,59 @@ def cudagraph_skips() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"]["cudagraph_skips"])
+
+
+# --------------------------------------------------------------------------- C20's checks (notebook 09, section 4)
+
+
+def fusion_evidence(plain32: ScratchLlama, variants: dict, prompt: torch.Tensor, plain_ops: int, fused_ops: int,
+                    new_tokens: int = 24) -> tuple[bool, str]:
+    """C20's fusion: (whether every fused variant gives the plain fp32 logits within 1e-4 and the same greedy tokens,
+    with 4 weight matmuls per layer instead of 7 and fewer ops per step, the evidence). variants: {name: fp32 fused
+    model}; plain_ops, fused_ops: the ops one decode step dispatches, plain and fused (measure/overhead.count_ops)."""
+    from ..generate.decode import generate_greedy
+
+    plain_tokens = generate_greedy(plain32, prompt, new_tokens).tokens
+    with torch.no_grad():
+        plain_logits = plain32(prompt)
+        gaps = {name: (m(prompt) - plain_logits).abs().max().item() for name, m in variants.items()}
+    same = {name: torch.equal(generate_greedy(m, prompt, new_tokens).tokens, plain_tokens) for name, m in variants.items()}
+    per_layer = {name: matmuls_per_layer(m) for name, m in variants.items()}
+    holds = (all(g < 1e-4 for g in gaps.values()) and all(same.values()) and all(n == 4 for n in per_layer.values())
+             and fused_ops < plain_ops)
+    return holds, ("fused models give the plain logits within " + ", ".join(f"{g:.0e}" for g in gaps.values())
+                   + f" (bar 1e-4), {'the same' if all(same.values()) else 'NOT the same'} {new_tokens} greedy tokens, "
+                   + f"{'/'.join(map(str, per_layer.values()))} weight matmuls per layer instead of 7 and {fused_ops} "
+                   f"operations per step instead of {plain_ops}")
+
+
+def graph_break_evidence(model_call_breaks: int, static_step_breaks: int) -> tuple[bool, str]:
+    """C20's tracing: (the model call breaks its graph, at its host read, and the fixed-shape step traces whole, the
+    evidence). A fixed-shape step that read a value back to the host (an id check, `.item()`) would break too."""
+    return (model_call_breaks >= 1 and static_step_breaks == 0,
+            f"the model call breaks its graph {model_call_breaks} time(s) (the range check's host read); the fixed-shape "
+            f"step {static_step_breaks} time(s)" + (": it traces whole" if static_step_breaks == 0 else ""))
+
+
+# Replay must take at most this share of the eager step. Not measured on a GPU in this repository's runs (none was
+# lent); a CUDA graph of a 135M model's step at batch 1 replaces hundreds of launches by one, which gpt-fast and
+# vLLM report as a several-fold gain; a "replay" that relaunches every kernel (eager under another name) sits at 1.0
+# give or take the noise, which the fastest of interleaved repeats keeps within a few per cent.
+REPLAY_MARGIN = 0.8
+
+
+def replay_evidence(eager_s: float, replay_s: float, margin: float = REPLAY_MARGIN) -> tuple[bool, str]:
+    """C20 on a GPU: (graph replay took at most `margin` times the eager step, the evidence). Both the fastest of
+    interleaved repeats of the same fixed-shape step (time_interleaved)."""
+    if eager_s <= 0 or replay_s <= 0:
+        raise CourseError(f"Give two positive times in seconds, not {eager_s} and {replay_s}.")
+    return (replay_s <= margin * eager_s,
+            f"the fixed-shape step eager {eager_s * 1e3:.3f} ms, replayed from a CUDA graph {replay_s * 1e3:.3f} ms: "
+            f"{replay_s / eager_s:.2f}x (bar {margin:.2f}x)")
+
+
+# A cold torch.compile of the packed int4 decode step on the course's 2-core CPU test machine, as recorded in issue 44
+# (a reviewer's run of `python -m llm_anatomy bench fast --compile`); the notebook quotes it and never compiles on a CPU.
+RECORDED_CPU_COMPILE = {"step": "packed int4 decode step (SmolLM2-135M, batch 1)", "cold_compile_s": 91,
+                        "speedup": 1.40, "machine": "the course's 2-core CPU test machine",
+                        "source": "issue 44 (a review of the executed book), `python -m llm_anatomy bench fast --compile`"}

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CourseError
-from ..generate.decode import generate_greedy
+from ..generate.decode import decode_step, generate_greedy, prefill
+from ..measure.timing import time_interleaved
 from ..model.scratch import ScratchLlama
 from .fused import Projection, fuse, sdpa_attend
 from .quantize import int4_codes, quantize_int8_per_channel
@@ -199,12 +200,50 @@ def decode_bytes_per_token(model: ScratchLlama, context: int) -> int:
     return matmul_weight_bytes(model) + kv * (context + 1)
 
 
+FUSED_FP32 = "fp32 fused"  # the reference of C17's speed half: fp32 with pack()'s own fusion and SDPA attention
+# A packed step must take at most this share of the fused fp32 step's time. Measured on the 2-core test machine,
+# the fastest of 15 interleaved steps, busy (other agents on both cores, torch on 1 thread): int8 0.40-0.49x,
+# int4 0.27-0.33x; false worlds: the fused fp32 model relabelled as packed 0.96-1.05x, a "packed" int8 that
+# dequantizes to fp32 at every call 1.7-2.4x. (Idle, both sides get faster together: the ratios stay near these.)
+SPEED_MARGIN = 0.75
+
+
+def fused_reference(model: ScratchLlama) -> ScratchLlama:
+    """The fp32 model as pack() builds it but unpacked: q/k/v and gate/up fused, torch's SDPA attention. Timed
+    against the packed models, only the weights' format differs (the fusion and SDPA alone make a step faster)."""
+    return fuse(model, attend=sdpa_attend)
+
+
+def one_step(model, context: torch.Tensor):
+    """A function that runs one decode step of `model` after `context` [1, seq], the cache rewound at every call
+    (the prefill runs once, here)."""
+    cache = model.new_cache(1, context.shape[1] + 1)
+    prefill(model, context, cache)
+
+    def step():
+        cache.length = context.shape[1]
+        decode_step(model, context[:, -1:], cache)
+    return step
+
+
+def time_decode_steps(models: dict, context: torch.Tensor, device: torch.device | str = "cpu", *, warmup: int = 2,
+                      repeats: int = 15) -> dict:
+    """One decode step of each model after `context`, timed in turns (time_interleaved): {name: Timing}. A busy
+    moment slows every model alike, and each Timing's min_s, its fastest step, can only be raised by other work."""
+    with torch.inference_mode():
+        return time_interleaved({name: one_step(m, context) for name, m in models.items()}, device, warmup=warmup,
+                                repeats=repeats)
+
+
 def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], bytes_per_token: dict[str, int],
-                          reference: str = "fp32") -> tuple[bool, str]:
-    """C17's speed half: (whether every packed variant whose kernel reads the codes decoded faster than
-    `reference`, the evidence in words). seconds: per decode step of each variant (the reference's included);
-    kernels: each packed variant's kernel name; bytes_per_token: what each step reads. False, with a reason,
-    when no packed kernel reads codes here (nothing to show)."""
+                          reference: str = FUSED_FP32, margin: float = SPEED_MARGIN) -> tuple[bool, str]:
+    """C17's speed half: (whether every packed variant whose kernel reads the codes took at most `margin` times the
+    `reference` step's time, the evidence in words). seconds: per decode step of each variant (the reference's
+    included); kernels: each packed variant's kernel name; bytes_per_token: what each step reads. The reference is
+    the fp32 model fused as pack() fuses it, with the same SDPA attention (fused_reference), so that only the
+    weights' format differs: fusion and SDPA alone made an fp32 step 1.13-1.17x faster than the plain one, which a
+    bar of "faster than plain fp32" would have credited to packing. False, with a reason, when no packed kernel
+    reads codes here (nothing to show)."""
     reading_codes = [fmt for fmt, kernel in kernels.items() if kernel in READS_CODES and fmt in seconds]
     if reference not in seconds or not reading_codes:
         return False, "no packed kernel that reads the codes ran here"
@@ -213,7 +252,8 @@ def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], by
              f"the bytes of {reference} and took {seconds[fmt] / base:.2f}x its time per token "
              f"({bytes_per_token[fmt] / seconds[fmt] / 1e9:.1f} GB/s against {bytes_per_token[reference] / base / 1e9:.1f})"
              for fmt in reading_codes]
-    return all(seconds[fmt] < base for fmt in reading_codes), "; ".join(parts)
+    return (all(seconds[fmt] <= margin * base for fmt in reading_codes),
+            "; ".join(parts) + f" (the bar: at most {margin:.2f}x, with the same fusion and SDPA attention)")
 
 
 def token_agreement(model, prompt: torch.Tensor, reference: torch.Tensor) -> dict:

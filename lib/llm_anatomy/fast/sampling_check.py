@@ -79,3 +79,49 @@ def end_to_end_sampling(model, prompt_ids: torch.Tensor, draft, draws: int = 400
     return EndToEnd(draws, chi_squared_test(samples, second_token_marginal(model, prompt_ids, temperature)),
                     chi_squared_test(samples, second_token_marginal(model, prompt_ids, temperature, draft.model)),
                     kept / drafted if drafted else 0.0)
+
+
+# --------------------------------------------------------------------------- the rule at one position (notebook 09)
+
+
+def _resample_from_p(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator=None):
+    """A wrong rule, the control: keep x with probability min(1, p(x) / q(x)), else draw from p itself (not from
+    max(p - q, 0)). Its tokens lean towards q."""
+    accepted = torch.rand(drafts.shape, generator=generator, dtype=torch.float64) * q.double()[drafts] < p.double()[drafts]
+    return accepted, torch.where(accepted, drafts, torch.multinomial(p, drafts.numel(), True, generator=generator))
+
+
+@dataclass
+class RuleCheck:
+    """What rule_check found: a chi-squared test against p of the tokens each draft gave, and of the control's."""
+
+    tests: dict[str, ChiSquared]
+    acceptance: dict[str, float]
+    control: ChiSquared  # the wrong rule (resample from p) on the last draft: the test must catch it
+
+    @property
+    def holds(self) -> bool:
+        """Every draft's tokens pass (p > 0.001), and the wrong rule's fail (p < 1e-6): the test can tell."""
+        return all(t.p_value > 1e-3 for t in self.tests.values()) and self.control.p_value < 1e-6
+
+    def evidence(self) -> str:
+        return ("with good and bad drafts the samples follow the model's distribution (p-values "
+                + ", ".join(f"{name} {t.p_value:.2g}" for name, t in self.tests.items())
+                + f"; each must be above 0.001); the wrong rule is caught ({self.control.p_value:.0e}, below 1e-6)")
+
+
+def rule_check(p: torch.Tensor, drafts_q: dict[str, torch.Tensor], draws: int = 20_000, generator=None,
+               rule=None) -> RuleCheck:
+    """C18 at one position: draw `draws` tokens from each draft's distribution q, pass them through `rule`
+    (default: speculative.accept_or_resample, Leviathan's), and test the tokens that come out against p. The
+    control runs the wrong rule (resample from p) on the last draft (put the bad one last). p and each q: [vocab]."""
+    from . import speculative
+
+    rule = rule or speculative.accept_or_resample
+    tests, acceptance = {}, {}
+    for name, q in drafts_q.items():
+        accepted, tokens = rule(p, q, torch.multinomial(q, draws, replacement=True, generator=generator), generator)
+        tests[name], acceptance[name] = chi_squared_test(tokens, p), float(accepted.float().mean())
+    last = list(drafts_q.values())[-1]
+    _, wrong = _resample_from_p(p, last, torch.multinomial(last, draws, replacement=True, generator=generator), generator)
+    return RuleCheck(tests, acceptance, chi_squared_test(wrong, p))

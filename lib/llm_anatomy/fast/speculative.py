@@ -283,3 +283,15 @@ def best_draft_length(acceptance: float, c: float, k_max: int = 16) -> int:
     """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance
     rate want long drafts; a costly one, short)."""
     return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c))
+
+
+def same_greedy_tokens(plain: list[int], others: dict[str, list[int]]) -> tuple[bool, str]:
+    """C18's greedy half: (every list in `others` equals `plain`, token for token, the evidence). plain: the plain
+    greedy tokens; others: {name: tokens} of each speculative run (each cut at the same stop). A verifier that kept
+    a draft the model would not have chosen (or a cache not rolled back) gives other tokens, and this fails."""
+    def first_difference(tokens):
+        return next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), min(len(tokens), len(plain)))
+    differ = {name: first_difference(t) for name, t in others.items() if t != plain}
+    return not differ, (f"{len(plain)} greedy tokens identical: plain decoding and " + ", ".join(others)
+                        if not differ else f"{len(plain)} plain greedy tokens; differ from them: "
+                        + ", ".join(f"{name} (from token {i})" for name, i in differ.items()))

@@ -124,3 +124,44 @@ def attention_bytes(q_len: int, k_len: int, heads: int, kv_heads: int, head_dim:
     for qs in range(0, q_len, block_q):
         keys_read += min(k_len, offset + min(qs + block_q, q_len)) if causal else k_len
     return q_and_out + kv_row * keys_read
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |out - reference| over the largest |reference|: how far two attention outputs are, in the output's size."""
+    return ((out - reference).abs().max() / reference.abs().max()).item()
+
+
+def equality_evidence(relative: dict, bound: float = 1e-6) -> tuple[bool, str]:
+    """C19's exactness: (every tiling within `bound` of the plain attention, relative to the output's size, the
+    evidence). relative: {(block_q, block_k): relative_error}. float32 sums in another order part by about 1e-7; an
+    online softmax that forgets to rescale what it summed, or skips a tile, parts by far more."""
+    worst = max(relative.values())
+    tiles = ", ".join(f"{bq}x{bk}: {r:.1e}" for (bq, bk), r in relative.items())
+    return worst < bound, (f"tiled attention equals the plain one within {worst:.1e} of the output's size (bar {bound:.0e}), "
+                           f"for tiles that divide the length and tiles that do not ({tiles})")
+
+
+def per_token_growth(lengths: list[int], peaks: list[float]) -> list[float]:
+    """Bytes per extra token, from one length to the next: (peak[i + 1] - peak[i]) / (n[i + 1] - n[i])."""
+    return [(b - a) / (m - n) for a, b, n, m in zip(peaks, peaks[1:], lengths, lengths[1:])]
+
+
+def memory_growth_evidence(lengths: list[int], plain_peak: list[float], tiled_peak: list[float]) -> tuple[bool, str]:
+    """C19's memory: (whether it holds, the evidence). Peak bytes of one attention call at each prompt length (at
+    least three lengths, each about twice the one before). Holds when the tiled call's cost per extra token is flat
+    (positive, every step within 1.5x of the smallest: linear), the plain call's grows by at least 1.5x from step to
+    step (quadratic: it doubles when the length doubles), and at the longest prompt the tiled call needs at most a
+    tenth of the plain peak. A "tiled" attention that builds the whole score matrix grows like the plain one and fails.
+    """
+    if len(lengths) < 3 or len(lengths) != len(plain_peak) or len(lengths) != len(tiled_peak):
+        raise CourseError("Give at least three lengths, with one plain and one tiled peak for each.")
+    plain, tiled = per_token_growth(lengths, plain_peak), per_token_growth(lengths, tiled_peak)
+    linear = 0 < min(tiled) and max(tiled) <= 1.5 * min(tiled)  # a flat cost per token
+    quadratic = all(b >= 1.5 * a > 0 for a, b in zip(plain, plain[1:]))  # the cost per token grows with n
+    share = tiled_peak[-1] / plain_peak[-1]
+    return (linear and quadratic and share <= 0.1,
+            f"from {lengths[0]} to {lengths[-1]} tokens, each extra token cost the tiled call "
+            f"{', '.join(f'{s / 1e3:.1f}' for s in tiled)} kB (within {max(tiled) / min(tiled) if min(tiled) > 0 else float('inf'):.2f}x "
+            f"from one length to the next; linear means within 1.5x), and the plain call "
+            f"{', '.join(f'{s / 1e3:.0f}' for s in plain)} kB (quadratic: growing 1.5x or more a step); at {lengths[-1]} "
+            f"tokens tiled needs {share:.3f} of the plain peak (bar 0.1)")

@@ -167,3 +167,35 @@ def regime(times: dict[str, float], measured_s: float | None = None, slack: floa
         return UNEXPLAINED
     return largest
 
+
+
+# --------------------------------------------------------------------------- C20 on a CPU: the matmuls' share of a step
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+# On a CPU a small model's decode step is mostly its matmuls. Measured on the 2-core test machine, the real model's
+# plain fp32 step under the profiler: 75% in matmul ops busy (both cores taken by other agents); the tiny random
+# model (2 layers, hidden 64), whose step is its ops' dispatch, 1%. A bar of one half separates them.
+MATMUL_SHARE_BAR = 0.5
+
+
+def matmul_share(step, device: torch.device | str = "cpu") -> tuple[float, float]:
+    """(wall seconds of one call of `step` under torch.profiler, seconds of it inside matmul ops' own code), after
+    a warm-up call. On a CPU every op runs on the calling thread, so the two are comparable."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall, _ = timed(step, device)
+    return wall, sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS) / 1e6  # µs -> s
+
+
+def matmul_share_evidence(wall_s: float, in_matmuls_s: float, bar: float = MATMUL_SHARE_BAR) -> tuple[bool, str]:
+    """C20's CPU half: (the matmul ops took more than `bar` of the profiled step, the evidence). Then fusing and
+    compiling, which cut the ops around the matmuls, can save at most the rest."""
+    if wall_s <= 0 or in_matmuls_s < 0:
+        raise CourseError(f"Give a positive step time and a matmul time >= 0, not {wall_s} and {in_matmuls_s}.")
+    share = in_matmuls_s / wall_s
+    return share > bar, (f"the matmul ops took {in_matmuls_s * 1e3:.1f} ms of the profiled {wall_s * 1e3:.1f} ms step, "
+                         f"{share:.0%} (bar: more than {bar:.0%}); fusing and compiling cut the ops around them, at "
+                         f"most the other {1 - share:.0%}")
