@@ -7,9 +7,10 @@ import pytest
 import torch
 from llm_anatomy.weights.random import random_llama
 
-from llm_anatomy.claims import ClaimFailed, claim
-from llm_anatomy.distributed.pipeline import (bubble_fraction, check_stages, measured_bubble, pipeline_stage,
-                                              schedule, schedule_bubble, stage_forward, stage_layers, timeline)
+from llm_anatomy.claims import ClaimFailed
+from llm_anatomy.distributed.pipeline import (bubble_fraction, check_micro_batches_fill, check_stages, cpu_bubble,
+                                              makespan, measured_bubble, parallelism, pipeline_stage, schedule,
+                                              schedule_bubble, stage_forward, stage_layers, timeline)
 from llm_anatomy.distributed.tensor_parallel import state_dict_reader
 from llm_anatomy.errors import CourseError
 from llm_anatomy.model.scratch import ScratchLlama
@@ -56,15 +57,72 @@ def test_the_measured_bubble_reads_a_ranks_segments():
     assert timeline(second)[1] == ("compute", 0, 1.0, 2.0)
 
 
-def test_a_pipeline_that_does_not_overlap_breaks_the_claims_evidence():
-    """C23's cell asserts that micro-batches shrink the bubble: if stage 0 waited for stage 1 to finish each
-    micro-batch before starting the next (no overlap), the bubble would stay at a half and the claim fails."""
-    serial_first = [("compute", 0, 1.0), ("wait", 0, 1.0), ("compute", 1, 1.0), ("wait", 1, 1.0)]
-    serial_second = [("wait", 0, 1.0), ("compute", 0, 1.0), ("wait", 1, 1.0), ("compute", 1, 1.0)]
-    one = measured_bubble([[("compute", 0, 2.0)], [("wait", 0, 2.0), ("compute", 0, 2.0)]])
-    two = measured_bubble([serial_first, serial_second])
-    with pytest.raises(ClaimFailed):
-        claim("C23", two < one - 0.05, f"bubble with 1 micro-batch {one:.0%}, with 2 {two:.0%}")
+T = 1.0  # one stage's CPU seconds for the whole batch
+MB = 0.28  # one of 4 micro-batches: a quarter of it, and 12% more for re-reading the stage's weights (measured)
+
+
+def _one_batch(share=1.0):
+    """m = 1: stage 1 waits while stage 0 computes; a stage alone runs `share` of its wall time on a core."""
+    wall = T / share
+    return [[("compute", 0, wall, T)], [("wait", 0, wall, 0.0), ("compute", 0, wall, T)]]
+
+
+def _four(slow_while_both=1.0):
+    """m = 4, GPipe: stage 0 computes micro-batch i while stage 1 computes i - 1; while both run, each takes
+    `slow_while_both` times its CPU seconds of wall time (1: a core each; 2: one core shared; 1.5: a core burned)."""
+    both = MB * slow_while_both
+    first = [("compute", 0, MB, MB)] + [("compute", i, both, MB) for i in (1, 2, 3)]
+    second = [("wait", 0, MB, 0.0)] + [x for i in (0, 1, 2) for x in (("wait", i, 0.0, 0.0), ("compute", i, both, MB))]
+    return [first, second + [("wait", 3, 0.0, 0.0), ("compute", 3, MB, MB)]]
+
+
+def _runs(four, one=None):
+    return {1: [one or _one_batch()] * 2, 4: [four] * 2}
+
+
+def test_the_pipeline_checks_read_wall_and_cpu_time():
+    run = _four()
+    assert makespan(run) == pytest.approx(5 * MB) and parallelism(run) == pytest.approx(8 * MB / (5 * MB))
+    assert cpu_bubble(_one_batch()) == pytest.approx(0.5) and cpu_bubble(run) == pytest.approx(0.2)
+
+
+def test_micro_batches_fill_the_bubble_with_a_core_per_stage():
+    verdict = check_micro_batches_fill(_runs(_four()), 2)
+    assert verdict.passed and "C23 holds" in str(verdict) and "0.70x" in str(verdict)
+    assert check_micro_batches_fill(_runs(_four(1.5)), 2).passed  # another program burning one of the two cores
+
+
+@pytest.mark.counterfactual("C23", "both stages pinned to one core: no overlap possible")
+def test_stages_pinned_to_one_core_fail_the_claim():
+    """The wall-clock bubble of this world read 48/28/19% (each stage counted the other's turns as its own compute);
+    its makespan and the cores' worth computed at once cannot fall."""
+    pinned = _four(2.0)
+    assert measured_bubble(pinned) < measured_bubble(_one_batch())  # the wall-clock bubble is fooled ...
+    with pytest.raises(ClaimFailed, match="C23 FAILED"):  # ... the check is not
+        check_micro_batches_fill(_runs(pinned), 2)
+
+
+@pytest.mark.counterfactual("C23", "a pipeline that runs its micro-batches one after another through all stages")
+def test_a_pipeline_that_does_not_overlap_fails_the_claim():
+    first = [x for i in range(4) for x in (("compute", i, MB, MB), ("wait", i, MB, 0.0))][:-1]
+    second = [x for i in range(4) for x in (("wait", i, MB, 0.0), ("compute", i, MB, MB))]
+    assert makespan([first, second]) == pytest.approx(8 * MB)
+    with pytest.raises(ClaimFailed, match="C23 FAILED"):
+        check_micro_batches_fill(_runs([first, second]), 2)
+
+
+@pytest.mark.counterfactual("C23", "micro-batches that re-read the weights for most of their time (short ones): the "
+                                   "makespan grows with m")
+def test_micro_batches_whose_makespan_grows_fail_the_claim():
+    grown = [[(kind, i, 3.4 * wall, 3.4 * cpu) for kind, i, wall, cpu in stage] for stage in _four()]  # 221 -> 752 ms
+    with pytest.raises(ClaimFailed, match="C23 FAILED"):
+        check_micro_batches_fill(_runs(grown), 2)
+
+
+def test_without_a_free_core_per_stage_it_is_not_shown():
+    for four in (_four(), _four(2.0)):  # true world and pinned alike: at load 8 a stage ran 34-49% on a core
+        verdict = check_micro_batches_fill(_runs(four, one=_one_batch(share=0.4)), 2)
+        assert "C23 not shown on this machine" in str(verdict) and "holds" not in str(verdict)
 
 
 @pytest.mark.parametrize("tied", [True, False])

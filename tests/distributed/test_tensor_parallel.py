@@ -9,11 +9,12 @@ import torch
 from thread_group import run_threads
 from llm_anatomy.weights.random import random_llama
 
-from llm_anatomy.claims import ClaimFailed, claim
+from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.errors import CourseError
-from llm_anatomy.distributed.tensor_parallel import (COLUMN, ROW, Communicator, check_tp_size, local_config, shard,
-                                                     split_dim, state_dict_reader, tensor_parallel_llama,
-                                                     valid_tp_sizes, weight_bytes)
+from llm_anatomy.distributed.tensor_parallel import (COLUMN, ROW, Communicator, check_tp_logits, check_tp_size,
+                                                     check_tp_traffic, local_config, shard, split_dim,
+                                                     state_dict_reader, tensor_parallel_llama, valid_tp_sizes,
+                                                     weight_bytes)
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.model.scratch import ScratchLlama
 
@@ -147,18 +148,73 @@ def test_a_vocabulary_that_tp_does_not_divide_is_padded():
     assert torch.equal(ranks[2]["tokens"], generate_greedy(odd, ids, 6).tokens)
 
 
+IDS = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
+
+
+def _logits_check(model, got):
+    """C21's logits check (notebook 10's cell calls the same function) on a TP = 3 run's logits, tokens and shards
+    left as they hold, so that only the logits decide."""
+    want = model(IDS)
+    return check_tp_logits((got - want).abs().max().item(), want.abs().max().item(), True, 3, 3, 3, 0)
+
+
+def _traffic_check(model, calls, kv=None, weights=None):
+    """C21's traffic check (notebook 10's cell calls the same function) on one rank's collectives."""
+    norms = sum(p.numel() * 4 for n, p in model.named_parameters() if "norm" in n)
+    whole_kv = model.new_cache(1, 20).allocated_bytes()
+    share = (weight_bytes(model) - norms) // 3 + norms
+    return check_tp_traffic([(c.op, c.site, c.bytes) for c in calls], model.cfg.num_layers, 7 * 96 * 4, 3,
+                            kv or [whole_kv // 3] * 3, whole_kv, weights or [share] * 3, weight_bytes(model), norms)
+
+
+def test_tp3_holds_both_checks_of_the_claim(tiny3):
+    ranks = _tp3(tiny3, IDS)
+    assert _logits_check(tiny3, ranks[0]["logits"]).passed
+    assert _traffic_check(tiny3, ranks[0]["calls"], kv=[r["kv"] for r in ranks], weights=[r["bytes"] for r in ranks])
+
+
 @pytest.mark.parametrize("site", ["attention", "mlp", "embedding"])
+@pytest.mark.counterfactual("C21", "an all-reduce skipped (after attention, after the MLP, or the embedding's): the "
+                                   "ranks' partial sums go on unsummed")
 def test_a_missing_all_reduce_breaks_the_claims_evidence(tiny3, site):
     """The C21 claim cell compares the logits: a model that forgets one all-reduce fails it."""
-    ids = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
-    got = _tp3(tiny3, ids, drop={site})[0]["logits"]
-    diff = (got - tiny3(ids)).abs().max().item() / tiny3(ids).abs().max().item()
-    with pytest.raises(ClaimFailed):
-        claim("C21", diff <= 1e-5, f"max |logit difference| {diff:.1e} of the scale")
+    got = _tp3(tiny3, IDS, drop={site})[0]["logits"]
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _logits_check(tiny3, got)
 
 
+@pytest.mark.counterfactual("C21", "an engine that skips the MLP's all-reduce, and so never counts it")
+def test_an_all_reduce_skipped_fails_the_count(tiny3):
+    calls = [c for c in _tp3(tiny3, IDS)[0]["calls"] if c.site != "mlp"]
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _traffic_check(tiny3, calls)
+
+
+@pytest.mark.parametrize("per_layer", [1, 3])
+@pytest.mark.counterfactual("C21", "all-reduces counted other than two per layer per step (one: attention and MLP "
+                                   "summed together; three: an extra one after q/k/v)")
+def test_other_than_two_all_reduces_per_layer_fail_the_count(tiny3, per_layer):
+    calls = _tp3(tiny3, IDS)[0]["calls"]
+    head, blocks, tail = calls[:1], calls[1:-1], calls[-1:]
+    if per_layer == 1:
+        blocks = blocks[::2]  # the attention's only
+    else:
+        blocks = [c for pair in zip(blocks[::2], blocks[::2], blocks[1::2]) for c in pair]
+    assert len(blocks) == per_layer * tiny3.cfg.num_layers
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _traffic_check(tiny3, head + blocks + tail)
+
+
+@pytest.mark.counterfactual("C21", "the KV cache kept whole on every rank instead of each rank's own KV heads")
+def test_a_kv_cache_not_split_fails_the_claim(tiny3):
+    whole = tiny3.new_cache(1, 20).allocated_bytes()
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _traffic_check(tiny3, _tp3(tiny3, IDS)[0]["calls"], kv=[whole] * 3)
+
+
+@pytest.mark.counterfactual("C21", "rows of q_proj interleaved (every third) instead of contiguous blocks: the heads "
+                                   "no longer line up")
 def test_a_wrong_split_breaks_the_claims_evidence(tiny3):
-    """Interleaved rows (every third one) instead of contiguous blocks: the heads no longer line up."""
     weights = tiny3.state_dict()
 
     def strided(name, dim=None, start=0, stop=None):
@@ -168,11 +224,31 @@ def test_a_wrong_split_breaks_the_claims_evidence(tiny3):
         return state_dict_reader(tiny3)(name, dim, start, stop)
 
     def work(rank, comm):
-        return tensor_parallel_llama(strided, tiny3.cfg, rank, 3, comm)(ids)
+        return tensor_parallel_llama(strided, tiny3.cfg, rank, 3, comm)(IDS)
 
-    ids = torch.tensor([[5, 17, 99, 3, 150, 42, 7]])
-    got = run_threads(3, work)[0]
-    assert (got - tiny3(ids)).abs().max() > 1e-3
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _logits_check(tiny3, run_threads(3, work)[0])
+
+
+@pytest.mark.parametrize("name", ["q_proj", "o_proj", "gate_proj", "down_proj"])
+@pytest.mark.counterfactual("C21", "a shard cut along the wrong dimension (inputs for outputs, or outputs for inputs), "
+                                   "transposed to the shape the rank expects")
+def test_a_shard_cut_along_the_wrong_dimension_fails_the_claim(name):
+    """Square weights (hidden 96 = 6 heads x 16; MLP width 96) let the wrong cut pass the shape check."""
+    model = ScratchLlama.from_hf(random_llama(seed=5, **{**TP3, "intermediate_size": 96}))
+    weights = model.state_dict()
+
+    def wrong(key, dim=None, start=0, stop=None):
+        if dim is not None and key.endswith(f"{name}.weight"):
+            other = 1 - dim
+            return weights[key].narrow(other, start, stop - start).T.clone()  # the other dim's block, transposed
+        return state_dict_reader(model)(key, dim, start, stop)
+
+    def work(rank, comm):
+        return tensor_parallel_llama(wrong, model.cfg, rank, 3, comm)(IDS)
+
+    with pytest.raises(ClaimFailed, match="C21 FAILED"):
+        _logits_check(model, run_threads(3, work)[0])
 
 
 def test_a_shard_of_the_wrong_shape_is_refused(tiny3):

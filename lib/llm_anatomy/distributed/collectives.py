@@ -11,13 +11,15 @@ the bytes, not the latency, are what the collectives cost. Times in seconds, siz
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..device import timed
+from ..claims import claim, not_shown
+from ..device import timed, usable_cores
 from ..errors import CourseError
 
 SWEEP_BYTES = [4, 256, 2304, 16_384, 131_072, 1_048_576, 4_194_304]  # 2,304: one token's hidden state, fp32
@@ -70,13 +72,16 @@ def time_all_reduce(sizes: list[int] = SWEEP_BYTES, repeats: int = 15, group=Non
     return seconds
 
 
-def fit_link(seconds_by_size: dict[int, list[float]]) -> Link:
+def fit_link(seconds_by_size: dict[int, list[float]], pick=statistics.median) -> Link:
     """The line latency + bytes / bandwidth through the median time of each size (errors weighted relative to
-    each time, so the small messages, which set the latency, count as much as the large ones)."""
+    each time, so the small messages, which set the latency, count as much as the large ones).
+
+    pick: which of a size's repeats stands for it: the median, or `min` (the fastest, which a busy machine cannot
+    make faster: what the claim's check uses)."""
     sizes = np.array(sorted(seconds_by_size), dtype=float)
     if len(sizes) < 2:
         raise CourseError("Fitting a latency and a bandwidth needs timings of at least two message sizes.")
-    t = np.array([statistics.median(seconds_by_size[int(n)]) for n in sizes])
+    t = np.array([pick(seconds_by_size[int(n)]) for n in sizes])
     weight = 1 / t  # relative errors
     design = np.stack([np.ones_like(sizes), sizes], axis=1) * weight[:, None]
     (latency, per_byte), *_ = np.linalg.lstsq(design, t * weight, rcond=None)
@@ -175,3 +180,64 @@ def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
         phase("mlp", mlp)
     phase("logits", head)
     return ranks
+
+
+# --------------------------------------------------------------------------- the checks of claim C22
+
+# A small model for C22 on a CPU: SmolLM2-135M's depth (30 layers: 61 all-reduces a step) and its grouped-query layout,
+# at a width that TP = 2 divides (4 query heads, 2 KV heads) and that is small beside a CPU's speed, as SmolLM2-135M is
+# beside a GPU's: what TP = 2 saves of its step is less than its collectives' latency.
+SMALL_TP2 = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_layers=30, num_heads=4, num_kv_heads=2,
+                 head_dim=32, rope_theta=1e5, rms_norm_eps=1e-5, max_position_embeddings=1024)
+BYTES_MARGIN = 10  # the latency term must be at least 10x the bytes term (measured: hundreds of times, idle and busy)
+RATIO_BAND = 2.0  # measured / predicted step within [1/2, 2] where the timing can be shown (a 3.7x miss fails)
+
+
+def predict_from_shard(alone_s: float, shard_s: float, collectives: list[tuple[str, str, int]], link: Link) -> dict:
+    """A TP step's predicted seconds from what was measured: one rank's own shard of the step, timed alone (its
+    compute, the per-step overheads that TP does not divide included), plus latency + bytes / bandwidth for every
+    collective. alone_s: the whole step on one device (TP = 1); saved_s = alone_s - shard_s is the compute TP divides
+    away. Returns {"compute_s", "saved_s", "latency_s", "bytes_s", "total_s", "alone_s"}."""
+    latency = link.latency_s * len(collectives)
+    sent = sum(nbytes for _, _, nbytes in collectives) / link.bytes_per_s
+    return {"compute_s": shard_s, "saved_s": alone_s - shard_s, "latency_s": latency, "bytes_s": sent,
+            "total_s": shard_s + latency + sent, "alone_s": alone_s}
+
+
+def check_latency_bound(predicted: dict, collectives: int):
+    """C22, the prediction: the step's collectives cost their latency, not their bytes (latency term >= BYTES_MARGIN x
+    bytes term), and that latency outweighs the compute TP divides away (latency term > saved_s), so TP makes the
+    step slower. predicted: predict_from_shard's. A green line, or ClaimFailed."""
+    latency, sent, saved = predicted["latency_s"], predicted["bytes_s"], predicted["saved_s"]
+    return claim("C22", latency >= BYTES_MARGIN * sent and latency > saved,
+                 f"the step's {collectives} collectives: latency {latency * 1e3:.2f} ms against their bytes "
+                 f"{sent * 1e3:.3f} ms ({latency / max(sent, 1e-12):,.0f}x) and against the compute TP divides away "
+                 f"{saved * 1e3:.2f} ms (one device {predicted['alone_s'] * 1e3:.2f} ms, one rank's shard "
+                 f"{predicted['compute_s'] * 1e3:.2f} ms): the latency, not bytes or FLOPs, sets the TP step")
+
+
+def free_cores_for(ranks: int, gpus: int = 0) -> tuple[bool, str]:
+    """(whether every rank has a device of its own, and why): a GPU each (NCCL), or on the CPU at least ranks + 1
+    usable cores (this process's affinity and quota) left free by the load average: one per rank, one for this
+    notebook's kernel and the system. Otherwise the ranks' timings measure the OS sharing cores, not the link."""
+    if gpus >= ranks:
+        return True, f"{gpus} GPUs for {ranks} ranks"
+    cores = usable_cores()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    free = cores - load
+    why = f"{cores} usable CPU core(s), load average {load:.1f}: {max(free, 0):.1f} free for {ranks} ranks + this kernel"
+    return free >= ranks + 1, why
+
+
+def check_step_prediction(measured_s: float, predicted: dict, ranks: int, shown: bool, why: str):
+    """C22, the measurement: the TP step measured within a factor RATIO_BAND of predict_from_shard's prediction (a
+    ratio, measured / predicted). shown: free_cores_for's verdict; where False, the amber not_shown line (with the
+    numbers, which then measure the OS sharing cores), never "holds". A green line, the amber line, or ClaimFailed."""
+    ratio = measured_s / predicted["total_s"]
+    numbers = (f"TP = {ranks} step measured {measured_s * 1e3:.2f} ms, predicted {predicted['total_s'] * 1e3:.2f} ms: "
+               f"measured / predicted {ratio:.2f}")
+    if not shown:
+        return not_shown("C22", f"{why}; the ranks took turns on the cores ({numbers})",
+                         f"a machine with at least {ranks + 1} free CPU cores ({ranks} ranks + this kernel), or "
+                         f"{ranks} GPUs (NCCL)")
+    return claim("C22", 1 / RATIO_BAND <= ratio <= RATIO_BAND, f"{numbers}, within {RATIO_BAND:g}x ({why})")

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from ..claims import claim, not_shown
 from ..device import timed
 from ..errors import CourseError
 from ..model.scratch import ScratchConfig, ScratchLlama
@@ -82,29 +83,44 @@ def stage_forward(model: ScratchLlama, x: torch.Tensor, last_only: bool = False)
 
 
 def run_stage(model: ScratchLlama, micro_batches: list[torch.Tensor] | int, hidden_shapes: list[tuple],
-              last_only: bool = False) -> tuple[list[torch.Tensor], list[tuple[str, int, float]]]:
+              last_only: bool = False, serial: bool = False) -> tuple[list[torch.Tensor], list[tuple]]:
     """Inside a rank: run this stage over every micro-batch in order (a forward-only GPipe schedule).
 
     micro_batches: the token ids of each micro-batch on the first stage, their number elsewhere. hidden_shapes: the
     shape of the hidden state each micro-batch brings. Rank r is stage r: it receives from r - 1, sends to r + 1.
-    Returns (the last stage's logits per micro-batch, else []) and the segments it spent, in order:
-    ("wait", i, s) for waiting on micro-batch i's hidden state, ("compute", i, s) for its work on it.
+    serial: the counterfactual engine that does not overlap: the first stage starts a micro-batch only when the last
+    stage has finished the one before. Returns (the last stage's logits per micro-batch, else []) and the segments it
+    spent, in order: ("wait", i, s, cpu) for waiting on micro-batch i's hidden state, ("compute", i, s, cpu) for its
+    work on it; s: wall seconds, cpu: seconds this thread ran on a core (time.thread_time: a core shared with another
+    program or stage gives wall time, not CPU time).
     """
+    import time
+
     import torch.distributed as dist
 
     first, last = model.stage == 0, model.stage == model.stages - 1
     count = len(micro_batches) if first else micro_batches
     outputs, segments, sends = [], [], []
+    done = torch.zeros(1)
     for i in range(count):
         if first:
             x = micro_batches[i]
+            if serial and i and model.stages > 1:  # the counterfactual: wait for the last stage to finish micro-batch i - 1
+                cpu = time.thread_time()
+                segments.append(("wait", i, timed(lambda: dist.recv(done, src=model.stages - 1))[0],
+                                 time.thread_time() - cpu))
         else:
             x = torch.empty(hidden_shapes[i], dtype=model.dtype, device=model.device)  # [batch, seq, hidden]
-            segments.append(("wait", i, timed(lambda: dist.recv(x, src=model.stage - 1), x.device)[0]))
+            cpu = time.thread_time()
+            segments.append(("wait", i, timed(lambda: dist.recv(x, src=model.stage - 1), x.device)[0],
+                             time.thread_time() - cpu))
+        cpu = time.thread_time()
         seconds, y = timed(lambda: stage_forward(model, x, last_only), model.device)
-        segments.append(("compute", i, seconds))
+        segments.append(("compute", i, seconds, time.thread_time() - cpu))
         if last:
             outputs.append(y)
+            if serial and not first and i < count - 1:
+                dist.send(done, dst=0)
         else:
             sends.append((dist.isend(y.contiguous(), dst=model.stage + 1), y))  # keep y alive until it is sent
     for work, _ in sends:
@@ -117,20 +133,36 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def timeline(segments: list[tuple[str, int, float]]) -> list[tuple[str, int, float, float]]:
+def timeline(segments: list[tuple]) -> list[tuple[str, int, float, float]]:
     """A rank's segments laid end to end from the barrier that started it: (kind, micro-batch, start, end)."""
     out, now = [], 0.0
-    for kind, i, seconds in segments:
+    for kind, i, seconds, *_ in segments:
         out.append((kind, i, now, now + seconds))
         now += seconds
     return out
 
 
-def measured_bubble(segments_by_stage: list[list[tuple[str, int, float]]]) -> float:
-    """1 - (a stage's compute time) / (first start to last end), averaged over the stages."""
-    makespan = max(sum(s for _, _, s in segments) for segments in segments_by_stage)
-    busy = [sum(s for kind, _, s in segments if kind == "compute") for segments in segments_by_stage]
-    return 1 - statistics.mean(busy) / makespan
+def makespan(segments_by_stage: list[list[tuple]]) -> float:
+    """Seconds from the barrier that started the stages to the last stage's end (wall time)."""
+    return max(sum(seg[2] for seg in segments) for segments in segments_by_stage)
+
+
+def measured_bubble(segments_by_stage: list[list[tuple]]) -> float:
+    """1 - (a stage's compute time, wall) / (first start to last end), averaged over the stages. Stages that share
+    a core count the other's turns as their own compute: cpu_bubble does not."""
+    busy = [sum(seg[2] for seg in segments if seg[0] == "compute") for segments in segments_by_stage]
+    return 1 - statistics.mean(busy) / makespan(segments_by_stage)
+
+
+def stage_cpu(segments: list[tuple]) -> float:
+    """CPU seconds a stage computed (segments with a 4th element, cpu, as run_stage gives)."""
+    return sum(seg[3] for seg in segments if seg[0] == "compute")
+
+
+def cpu_bubble(segments_by_stage: list[list[tuple]]) -> float:
+    """1 - (a stage's CPU seconds of compute) / makespan, averaged over the stages: the share of the time a stage did
+    not compute on a core. On one core for all stages it is at least 1 - 1/p, whatever the micro-batches."""
+    return 1 - statistics.mean(stage_cpu(segments) for segments in segments_by_stage) / makespan(segments_by_stage)
 
 
 def schedule(compute_s: list[list[float]]) -> list[tuple[int, int, float, float]]:
@@ -152,3 +184,46 @@ def schedule_bubble(compute_s: list[list[float]]) -> float:
     """The bubble of the calibrated schedule (1 - mean busy / makespan)."""
     makespan = max(end for *_, end in schedule(compute_s))
     return 1 - statistics.mean(sum(row) for row in compute_s) / makespan
+
+
+PARALLEL = 1.1  # with micro-batches the stages must compute > 1.1 cores' worth per second of the makespan (one core: <= 1)
+ALONE_SHARE = 0.8  # a stage computing alone (m = 1) must run >= 80% of its wall time on a core: a free core each
+# Reasoned from the run's arithmetic, since this machine was never idle while it was measured (2 stages, 4 micro-batches
+# of 128 tokens; each stage's CPU work 1.04-1.12x at m = 4 from re-reading its weights, measured at load 7-11): idle,
+# 2.3 / 1.44 = 1.6 cores' worth; one core burned by another program, the stages get 2/3 of a core each while both run:
+# 1.23; both stages pinned to one core, or run one after another: <= 1.0 by definition. Measured here at load 7-11 (no
+# free core): a stage alone ran 27-49% of its time on a core, so the check said not shown, true world and pinned alike.
+
+
+def parallelism(segments_by_stage: list[list[tuple]]) -> float:
+    """The stages' CPU seconds of compute, summed, over the makespan: how many cores' worth they computed at once
+    (at most 1 on one core, and at most 1 when the stages take turns; up to p with p stages each on a core)."""
+    return sum(stage_cpu(segments) for segments in segments_by_stage) / makespan(segments_by_stage)
+
+
+def check_micro_batches_fill(runs: dict[int, list[list[list[tuple]]]], stages: int):
+    """C23: micro-batches fill the bubble. runs: {m: [each repeat: [each stage's segments]]}, m = 1 among them.
+
+    With the fastest repeat of each m, asserts that the most micro-batches finish the batch sooner than one batch
+    (makespan) and that their stages computed more than PARALLEL cores' worth at once (parallelism): what no single
+    core, and no engine that runs its micro-batches one after another through all stages, can do. Where a stage
+    computing alone (m = 1) ran less than ALONE_SHARE of its wall time on a core, the machine had no free core per
+    stage: the amber not_shown line. A green line, the amber line, or ClaimFailed."""
+    if 1 not in runs or len(runs) < 2:
+        raise CourseError("check_micro_batches_fill needs the runs of one batch (m = 1) and of more micro-batches.")
+    most = max(runs)
+    fastest = {m: min(reps, key=makespan) for m, reps in runs.items()}
+    span = {m: makespan(run) for m, run in fastest.items()}
+    cores = {m: parallelism(run) for m, run in fastest.items()}
+    share = min(stage_cpu(segments) / max(sum(seg[2] for seg in segments if seg[0] == "compute"), 1e-12)
+                for segments in fastest[1])
+    numbers = "; ".join(f"m = {m}: makespan {span[m] * 1e3:.0f} ms, {cores[m]:.2f} cores' worth at once"
+                        for m in sorted(span))
+    if share < ALONE_SHARE:
+        return not_shown("C23", f"a stage computing alone ran on a core only {share:.0%} of its time: this machine "
+                                f"had no free core per stage ({numbers})",
+                         f"a machine with a free core for each of the {stages} stages (idle, with {stages} cores or "
+                         "more), or a GPU per stage")
+    return claim("C23", span[most] < span[1] and cores[most] > PARALLEL,
+                 f"{numbers}: {most} micro-batches finish the batch in {span[most] / span[1]:.2f}x one batch's time, "
+                 f"the stages computing at once (more than {PARALLEL:g} cores' worth)")

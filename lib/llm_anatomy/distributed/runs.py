@@ -17,7 +17,7 @@ from ..generate.decode import decode_step, generate_greedy, prefill
 from .collectives import time_all_reduce
 from .launch import rank_device
 from .pipeline import pipeline_stage, run_stage
-from .tensor_parallel import (Communicator, checkpoint_name, checkpoint_reader, tensor_parallel_llama,
+from .tensor_parallel import (Communicator, checkpoint_name, checkpoint_reader, reader_for, tensor_parallel_llama,
                               weight_bytes)
 
 
@@ -89,22 +89,24 @@ def compare_with_transformers(model, folder: str, ids: torch.Tensor, logits: tor
             "scale": logits.abs().max().item(), "tokens": tokens}
 
 
-def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], repeats: int, steps: int,
+def cost_run(rank: int, world_size: int, cfg, folder, sizes: list[int], repeats: int, steps: int,
              prompt_len: int = 16) -> dict:
-    """One rank of the cost measurement: the all-reduce sweep, then decode steps of rank 0 alone (TP = 1, on one
-    thread and on the cores free when it starts) and of the TP group, interleaved step by step, each collective timed.
+    """One rank of the cost measurement: the all-reduce sweep, then decode steps in turns: rank 0 alone (TP = 1, on
+    one thread and on the cores free when it starts), rank 0's own shard alone (its compute, no collective), and the
+    TP group, each collective timed. folder: the weights, a folder of safetensors or tensor_parallel.RandomWeights.
 
     Returns {"cores": the free cores it found (device.choose_cpu_threads; 1 on a GPU), "sweep": {bytes: [seconds]},
-    "alone_s", "alone_all_cores_s" (rank 0; else []), "tp_s": [seconds],
+    "alone_s", "alone_all_cores_s", "shard_s" (rank 0; else []), "tp_s": [seconds],
     "inside_s": [seconds spent inside collectives, per step], "last_step": [(op, site, bytes, seconds)]}.
     """
     import torch.distributed as dist
 
     device = rank_device(rank)
-    read = checkpoint_reader(folder)
+    read = reader_for(folder)
     comm = Communicator(dist.group.WORLD, timing=True)
     model = tensor_parallel_llama(read, cfg, rank, world_size, comm, device=device)
     alone = tensor_parallel_llama(read, cfg, 0, 1, Communicator(), device=device) if rank == 0 else None
+    shard = tensor_parallel_llama(read, cfg, 0, world_size, Communicator(), device=device) if rank == 0 else None
     sweep = time_all_reduce(sizes, repeats, device=device)
     prompt = torch.arange(3, 3 + prompt_len, device=device)[None]  # [1, prompt_len]: the values do not matter
     token = prompt[:, -1:]  # [1, 1]
@@ -113,16 +115,20 @@ def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], rep
     if alone is not None:
         cache_alone = alone.new_cache(1, prompt_len + 2 * steps + 3)
         prefill(alone, prompt, cache_alone)
+        cache_shard = shard.new_cache(1, prompt_len + steps + 2)
+        prefill(shard, prompt, cache_shard)
     dist.barrier()  # every rank ready: the others now wait at the loop's barrier while rank 0 measures
     cores = choose_cpu_threads().threads if device.type == "cpu" and rank == 0 else 1  # the cores free now
-    alone_s, all_cores_s, tp_s, inside_s = [], [], [], []
+    alone_s, all_cores_s, shard_s, tp_s, inside_s = [], [], [], [], []
     for step in range(steps + 1):  # the first step of each warms up and is not kept
         if alone is not None:  # the others wait at the barrier meanwhile, leaving the machine to rank 0
             one = timed(lambda: decode_step(alone, token, cache_alone), device)[0]
+            mine = timed(lambda: decode_step(shard, token, cache_shard), device)[0]
             with torch_threads(cores):
                 many = timed(lambda: decode_step(alone, token, cache_alone), device)[0]
             if step:
                 alone_s.append(one)
+                shard_s.append(mine)
                 all_cores_s.append(many)
         dist.barrier()
         comm.reset()
@@ -132,22 +138,29 @@ def cost_run(rank: int, world_size: int, cfg, folder: str, sizes: list[int], rep
             inside_s.append(sum(c.seconds for c in comm.calls))
         dist.barrier()
     return {"rank": rank, "cores": cores, "sweep": sweep, "alone_s": alone_s, "alone_all_cores_s": all_cores_s,
-            "tp_s": tp_s, "inside_s": inside_s, "last_step": [(c.op, c.site, c.bytes, c.seconds) for c in comm.calls]}
+            "shard_s": shard_s, "tp_s": tp_s, "inside_s": inside_s,
+            "last_step": [(c.op, c.site, c.bytes, c.seconds) for c in comm.calls]}
 
 
-def pipeline_run(rank: int, world_size: int, cfg, folder: str, prompt_ids: torch.Tensor, micro_batch_counts: list[int],
-                 repeats: int) -> dict:
+def pipeline_run(rank: int, world_size: int, cfg, folder, prompt_ids: torch.Tensor, micro_batch_counts: list[int],
+                 repeats: int, cpus=None, serial: bool = False, compare: bool = True) -> dict:
     """One stage (rank = stage) of a pipeline of world_size stages.
 
-    First the whole batch `prompt_ids` as one micro-batch, keeping every position's logits (to compare with one
-    process); then, `repeats` times in rotation, the batch cut into each count of `micro_batch_counts`, with the last
-    position's logits only (what a prefill needs). Returns {"logits": [batch, seq, vocab] (the last stage),
-    "runs": {m: [segments of each repeat]}} where segments are run_stage's.
+    First (with compare) the whole batch `prompt_ids` as one micro-batch, keeping every position's logits (to compare
+    with one process); then, `repeats` times in rotation, the batch cut into each count of `micro_batch_counts`, with
+    the last position's logits only (what a prefill needs). folder: the weights, a folder of safetensors or
+    tensor_parallel.RandomWeights. cpus: the CPU cores this rank may run on (None: any; {0} for every rank: the
+    counterfactual of stages that cannot overlap). serial: run_stage's counterfactual engine. Returns {"logits":
+    [batch, seq, vocab] (the last stage), "runs": {m: [segments of each repeat]}} where segments are run_stage's.
     """
+    import os
+
     import torch.distributed as dist
 
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     device = rank_device(rank)
-    model = pipeline_stage(checkpoint_reader(folder), cfg, rank, world_size, device=device)
+    model = pipeline_stage(reader_for(folder), cfg, rank, world_size, device=device)
     ids = prompt_ids.to(device)
     batch, seq = ids.shape
 
@@ -155,9 +168,9 @@ def pipeline_run(rank: int, world_size: int, cfg, folder: str, prompt_ids: torch
         parts = list(ids.chunk(m, dim=0))  # m micro-batches of batch / m sequences
         shapes = [(p.shape[0], seq, cfg.hidden_size) for p in parts]
         dist.barrier()  # every stage starts its clock together
-        return run_stage(model, parts if rank == 0 else m, shapes, last_only)
+        return run_stage(model, parts if rank == 0 else m, shapes, last_only, serial)
 
-    outputs, _ = run(1, last_only=False)
+    outputs = run(1, last_only=False)[0] if compare else []
     runs: dict[int, list] = {m: [] for m in micro_batch_counts}
     run(max(micro_batch_counts), last_only=True)  # warm-up at the smallest micro-batch
     for _ in range(repeats):

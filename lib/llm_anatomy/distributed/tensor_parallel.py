@@ -18,6 +18,7 @@ Nothing of the model is written twice: the blocks, the attention and the decodin
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field, replace
 from math import gcd
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..claims import claim
 from ..device import timed
 from ..errors import CourseError
 from ..model.scratch import ScratchConfig, ScratchLlama
@@ -229,6 +231,39 @@ def state_dict_reader(model: ScratchLlama):
     return read
 
 
+@dataclass(frozen=True)
+class RandomWeights:
+    """A model of shape `cfg` with random weights, the same in every rank: each weight drawn from a generator seeded by
+    `seed` and its name, so a rank makes only the weights it asks for (speed does not depend on the values)."""
+
+    cfg: ScratchConfig
+    seed: int = 0
+
+    def reader(self):
+        """read(name, dim, start, stop), as checkpoint_reader's."""
+        with torch.device("meta"):
+            shapes = {name: tuple(p.shape) for name, p in ScratchLlama(self.cfg).named_parameters()}
+
+        def read(name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+            if name not in shapes:
+                raise CourseError(f"A model of this shape has no weight named {name}.")
+            if "norm" in name:
+                weight = torch.ones(shapes[name])
+            else:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+                weight = torch.randn(shapes[name], generator=g) * 0.02
+            if dim is None:
+                return weight
+            return weight.narrow(dim, start, (weight.shape[dim] if stop is None else stop) - start).clone()
+
+        return read
+
+
+def reader_for(weights):
+    """The reader of `weights`: a folder of safetensors (checkpoint_reader) or RandomWeights."""
+    return weights.reader() if isinstance(weights, RandomWeights) else checkpoint_reader(weights)
+
+
 def tensor_parallel_llama(read, cfg: ScratchConfig, rank: int, tp: int, comm: Communicator | None = None,
                           dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> ScratchLlama:
     """Rank `rank`'s model of a TP group of `tp`: the plain ScratchLlama for its share, its weights read by `read`.
@@ -277,3 +312,40 @@ def tensor_parallel_llama(read, cfg: ScratchConfig, rank: int, tp: int, comm: Co
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of a model's parameters (a tied weight counted once)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- the checks of claim C21
+
+
+def check_tp_logits(diff: float, scale: float, same_tokens: bool, shards_equal: int, shards: int, tp: int,
+                    new_tokens: int):
+    """C21: TP = tp gives one process's logits (max |difference| `diff` within 1e-5 of the logits' `scale`), the same
+    greedy tokens, and every rank's weights equal to transformers' tp_plan shards. A green line, or ClaimFailed."""
+    return claim("C21", diff / scale <= 1e-5 and same_tokens and shards_equal == shards > 0,
+                 f"TP = {tp}: max |logit difference| from one process {diff:.1e} on logits up to {scale:.1f} "
+                 f"({diff / scale:.1e} of the scale); {new_tokens} cached greedy tokens identical on every rank: "
+                 f"{same_tokens}; weights equal to transformers' tp_plan='auto' shards (to_local()): {shards_equal} "
+                 f"of {shards}")
+
+
+def check_tp_traffic(calls: list[tuple[str, str, int]], num_layers: int, hidden_state_bytes: int, tp: int,
+                     kv_bytes: list[int], kv_whole: int, weight_bytes_per_rank: list[int], weights_whole: int,
+                     kept_whole: int):
+    """C21: one forward pass makes exactly two all-reduces per layer (after attention, after the MLP), each of one
+    hidden state per token, plus the embedding's and the logits' all-gather; every rank holds 1/tp of the split
+    weights (`kept_whole`: the bytes kept whole on every rank, the norms) and 1/tp of the KV cache.
+
+    calls: (op, site, bytes) of one rank's forward pass, in order. A green line, or ClaimFailed."""
+    sites = [site for _, site, _ in calls]
+    reduces = [(site, b) for op, site, b in calls if op == "all_reduce"]
+    per_layer = [s for s, _ in reduces if s in ("attention", "mlp")]
+    expected = ["embedding"] + ["attention", "mlp"] * num_layers + ["logits"]
+    each = {b for _, b in reduces}
+    kv_ok = len(kv_bytes) == tp and all(tp * k == kv_whole for k in kv_bytes)
+    weights_ok = len(weight_bytes_per_rank) == tp and all(
+        tp * (w - kept_whole) == weights_whole - kept_whole for w in weight_bytes_per_rank)
+    return claim("C21", sites == expected and each == {hidden_state_bytes} and kv_ok and weights_ok,
+                 f"{len(per_layer)} all-reduces in the blocks for {num_layers} layers ({sites.count('attention')} after "
+                 f"attention, {sites.count('mlp')} after the MLP: {len(per_layer) / max(num_layers, 1):g} per layer "
+                 f"per forward), each of {sorted(each)} bytes (one hidden state per token: {hidden_state_bytes:,}); "
+                 f"every rank holds 1/{tp} of the split weights: {weights_ok}, and 1/{tp} of the KV cache: {kv_ok}")
