@@ -16,6 +16,7 @@ from llm_anatomy.serve.metrics import (SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMP
                                       claim_pool_holds_real_tokens, joined_running_batch, poisson_trace,
                                       rows_held_when_done_s, run_reading_pool, serving_metrics, sharegpt_like_lengths,
                                       simulate_utilisation, utilisation_reading)
+from llm_anatomy.serve.metrics import claim_same_tokens
 from llm_anatomy.serve.paged_kv import PagedKVPool, blocks_for
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 
@@ -289,3 +290,45 @@ def test_c15_on_one_trace_fails_on_other_tokens_no_held_static_row_or_no_gain():
     slow = [([1, 2], [1.0, 5.0], 5.0, 0.0), ([3, 4, 5, 6], [1.0, 2.0, 3.0, 6.0], 6.0, 0.5)]  # 6 tokens in 6 s, not 4
     with pytest.raises(ClaimFailed, match="0.67x the tokens/s"):
         claim_continuous_frees_rows(_served(STATIC), _served(slow))
+
+
+# --------------------------------------------------------------------------- C15: the same tokens every way
+
+
+def test_c15_same_tokens_holds_and_names_every_way():
+    verdict = str(claim_same_tokens({"ours": [[1, 2]], "theirs": [[1, 2]], "generate": [[1, 2]]}, "1 request"))
+    assert "C15 holds: 1 request: ours, theirs and generate give the same greedy tokens: True" in verdict
+
+
+class FromTheStart(ContinuousScheduler):
+    """Chunked prefill with an offset bug: every chunk feeds the prompt's first tokens again, at the right positions."""
+
+    def step(self):
+        if not self.running and not self.waiting:
+            return False
+        if not self.running and self.waiting[0].arrival_s > self.now:
+            self.now = self.waiting[0].arrival_s
+        step = self.schedule()
+        rows = step.rows
+        logits = self.runner.run([a.request.tokens[:n] if n > 1 else a.request.tokens[a.computed:a.computed + n]
+                                  for a, n in rows], [a.blocks for a, _ in rows], [a.computed for a, _ in rows],
+                                 len(step.decoders)) if rows else None
+        self.postprocess(step, logits)
+        return True
+
+
+@pytest.mark.counterfactual("C15", "chunked prefill whose every chunk feeds the prompt's first tokens again")
+def test_c15_same_tokens_fails_when_a_chunk_reads_the_wrong_tokens(real):
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    model, tok = ScratchLlama.from_hf(real.model), real.tokenizer
+    prompt = tok("The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is").input_ids
+    outputs = {}
+    with torch_threads(1):
+        for name, engine, budget in (("whole", ContinuousScheduler, None), ("chunked", ContinuousScheduler, 8),
+                                     ("buggy chunks", FromTheStart, 8)):
+            pool = PagedKVPool.for_model(model, pool_blocks([len(prompt) + 3], 4), 4)
+            outputs[name] = [r.output for r in engine(model, pool, 1, budget).run([Request(prompt, 3)])]
+    assert "C15 holds" in str(claim_same_tokens({k: outputs[k] for k in ("whole", "chunked")}, "one prompt"))
+    with pytest.raises(ClaimFailed, match="C15 FAILED"):
+        claim_same_tokens({k: outputs[k] for k in ("whole", "buggy chunks")}, "one prompt")

@@ -105,6 +105,16 @@ def claim_continuous_frees_rows(static, continuous):
                  "batching")
 
 
+def claim_same_tokens(runs: dict, what: str):
+    """C15: every way of serving the same requests gave the same greedy tokens. runs: {name: outputs, one list of
+    token ids per request, in the same order}; what: the requests, in words. Raises ClaimFailed otherwise (a chunk
+    that reads the wrong tokens or positions, a scheduler that mixes up its rows)."""
+    outputs = list(runs.values())
+    same = len(outputs) > 1 and all(o == outputs[0] for o in outputs[1:])
+    names = list(runs)
+    return claim("C15", same, f"{what}: {', '.join(names[:-1])} and {names[-1]} give the same greedy tokens: {same}")
+
+
 def simulate_utilisation(lengths_final: list[int], max_len: int, block_size: int) -> dict:
     """KV memory utilisation (positions holding a token / positions reserved) of two ways to hold requests.
 
