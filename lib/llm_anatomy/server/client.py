@@ -233,3 +233,44 @@ def summarize(results: list[Result], duration_s: float, ttft_slo_s: float = 1.0,
     refusals = [r.done_s - r.sent_s for r in results if r.status == 429]
     out["median_refusal_ms"] = statistics.median(refusals) * 1e3 if refusals else math.nan
     return out
+
+
+def engine_clock_offset(read_clock, tries: int = 5) -> tuple[float, float]:
+    """Map the engine's clock onto this client's `time.monotonic()`, as NTP does: read the engine's clock (read_clock:
+    seconds since the engine started, e.g. GET /debug/requests' "clock") between two readings of ours, `tries` times,
+    and keep the shortest round trip. Returns (offset, error): engine time + offset = our time, within +- error
+    (half that round trip), whatever clock each process keeps."""
+    best = None
+    for _ in range(max(1, tries)):
+        before = time.monotonic()
+        clock = read_clock()
+        after = time.monotonic()
+        if best is None or after - before < 2 * best[1]:
+            best = ((before + after) / 2 - clock, (after - before) / 2)
+    return best
+
+
+def set_queue_limit(root: str, limit: int | str | None, api_key: str | None = None) -> dict:
+    """PUT /debug/max-waiting on the course's server at `root` (http://host:port): how many requests may wait for a
+    batch slot (None: no limit; "auto": sized from the TTFT objective). Returns the server's answer."""
+    import json
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    request = urllib.request.Request(root + "/debug/max-waiting", method="PUT", headers=headers,
+                                     data=json.dumps({"max_waiting": limit}).encode())
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def poll_until(read, done, timeout_s: float = 10.0, every_s: float = 0.02):
+    """Call read() every `every_s` seconds until done(value) is true or `timeout_s` has passed. Returns (the last
+    value, seconds from the call to the reading that was done, or None when none was)."""
+    start = time.monotonic()
+    while True:
+        value = read()
+        if done(value):
+            return value, time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            return value, None
+        time.sleep(every_s)

@@ -277,7 +277,8 @@ class EngineLoop:
                   "ttft_s": r.ttft_s if r.token_times else None, "last_token_s": r.token_times[-1] if r.token_times
                   else None, "prompt_tokens": len(r.prompt), "completion_tokens": live.sent,
                   "cached_tokens": r.cached, "preempted": r.preempted, "received_s": live.received_s,
-                  "first_sent_s": live.first_sent_s}  # the handler fills first_sent_s in if it is still to come
+                  "first_sent_s": live.first_sent_s,  # the handler fills first_sent_s in if it is still to come
+                  "token_times_s": list(r.token_times)}  # when each token came out of a step (the end of turn too)
         self.records.append(record)
         if self.metrics is not None:
             self.metrics.finished(r, reason)
