@@ -270,7 +270,7 @@ def check_kv_bytes(config, measured: dict, dtype: torch.dtype, ours: dict | None
     spans = len(lengths) >= 2 and len(batches) >= 2
     rows = "; ".join(f"{who} {t} tokens x {b}: {points[(who, t, b)]:,} (formula {formula[(who, t, b)]:,})"
                      for who, t, b in sorted(points))
-    evidence = (f"{rows}. Equal to the formula: {equal}; {len(lengths)} lengths and {len(batches)} batch sizes, the bytes "
-                f"per token and sequence the same at every point ({', '.join(f'{u:,.0f}' for u in sorted(per_unit))}): "
-                f"{len(per_unit) == 1}")
+    units = ", ".join(f"{u:,.0f}" for u in sorted(per_unit))
+    evidence = (f"{rows}. Equal to the formula: {equal}; {len(lengths)} lengths and {len(batches)} batch sizes, the "
+                f"bytes per token and sequence the same at every point ({units}): {len(per_unit) == 1}")
     return claim("C10", equal and spans and len(per_unit) == 1, evidence)

@@ -254,7 +254,8 @@ def check_prefill_cache(cache: KVCache, theirs: list, prompt_tokens: int, bytes_
             ours = ours[:, :, :n].float()
             ref = ref.float().to(ours.device)
             if ours.shape != ref.shape:
-                shapes_ok, worst, where = False, math.inf, f"layer {layer} {name}: {tuple(ours.shape)} against {tuple(ref.shape)}"
+                shapes_ok, worst = False, math.inf
+                where = f"layer {layer} {name}: {tuple(ours.shape)} against {tuple(ref.shape)}"
                 continue
             per_position = ((ours - ref).square().sum((0, 1, 3)).sqrt()
                             / ref.square().sum((0, 1, 3)).sqrt().clamp_min(1e-30))  # [n]
