@@ -204,7 +204,8 @@ FUSED_FP32 = "fp32 fused"  # the reference of C17's speed half: fp32 with pack()
 # A packed step must take at most this share of the fused fp32 step's time. Measured on the 2-core test machine,
 # the fastest of 15 interleaved steps, busy (other agents on both cores, torch on 1 thread): int8 0.40-0.49x,
 # int4 0.27-0.33x; false worlds: the fused fp32 model relabelled as packed 0.96-1.05x, a "packed" int8 that
-# dequantizes to fp32 at every call 1.7-2.4x. (Idle, both sides get faster together: the ratios stay near these.)
+# dequantizes to fp32 at every call 1.7-2.4x. Notebook 09's own runs (busy, and with one more core burned by
+# tools/busy_check.py): int8 0.45-0.52x, int4 0.23-0.35x. (Idle, both sides get faster together.)
 SPEED_MARGIN = 0.75
 
 

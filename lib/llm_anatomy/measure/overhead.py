@@ -173,7 +173,8 @@ def regime(times: dict[str, float], measured_s: float | None = None, slack: floa
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 # On a CPU a small model's decode step is mostly its matmuls. Measured on the 2-core test machine, the real model's
-# plain fp32 step under the profiler: 75% in matmul ops busy (both cores taken by other agents); the tiny random
+# plain fp32 step under the profiler: 66-79% in matmul ops busy (other agents on both cores, and with one core
+# burned by tools/busy_check.py); the tiny random
 # model (2 layers, hidden 64), whose step is its ops' dispatch, 1%. A bar of one half separates them.
 MATMUL_SHARE_BAR = 0.5
 
