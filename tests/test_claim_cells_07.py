@@ -85,10 +85,10 @@ def test_07_c6_and_c11_cells_call_the_library_checks():
     """The checks that tests/measure/test_roofline.py runs in their false worlds are the ones the cells call, on the
     op-by-op bytes (activations=True) and, for C11, on the bytes traced from the real step."""
     c6 = cell_source("claim_prefill_parallel(")
-    assert "claim_compute_bound(peaks, long_work" in c6
+    assert "claim_compute_bound(c6_peaks, long_work" in c6 and "measured_in_turns(" in c6
     assert "long_work = forward_work(cfg, longest, 0, 1, BYTES, activations=True)" in c6
     assert 'claim("C6"' not in c6  # no inline check beside them
     c11 = cell_source("claim_memory_bound(")
-    assert "traced_bytes(lambda: decode_step(model" in c11 and "activations=True" in c11
+    assert "traced_bytes(c11_step)" in c11 and "activations=True" in c11 and "measured_in_turns(" in c11
     sources = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
     assert not any('claim("C11"' in s or 'claim("C6"' in s for s in sources)

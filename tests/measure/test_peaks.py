@@ -46,3 +46,15 @@ def test_published_peaks_match_by_device_name(name, expected):
     else:
         assert found[:2] == pytest.approx(expected[:2]) and found[2] == expected[2]
 
+
+
+def test_peaks_measured_in_turns_with_a_run():
+    from llm_anatomy.measure.peaks import measured_in_turns
+
+    calls = []
+    timings, peaks = measured_in_turns({"run": lambda: calls.append(1)}, "cpu", nbytes=1 << 20, size=64, repeats=2)
+    assert list(timings) == ["run"] and len(calls) == 3  # a warm-up round, then two timed ones
+    assert math.isfinite(peaks.flops_per_s) and peaks.flops_per_s > 0 and peaks.bytes_per_s > 0
+    assert "in turns" in peaks.how and peaks.dtype == "fp32"
+    with pytest.raises(CourseError, match="other than"):
+        measured_in_turns({"sum": lambda: None}, "cpu", nbytes=1 << 20, size=64)

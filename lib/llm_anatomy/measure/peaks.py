@@ -140,3 +140,35 @@ def peaks_table(peaks: Peaks) -> str:
         label = {"A100": "A100-80GB", "H100": "H100 SXM"}.get(name, name)
         rows.append(f"{label + ' (data sheet, ' + kind + ')':<30} {f / 1e12:>9.3g} {b / 1e9:>8.4g}")
     return "\n".join(rows)
+
+
+def measured_in_turns(runs: dict, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, *,
+                      nbytes: int | None = None, size: int | None = None, repeats: int = 5) -> tuple[dict, Peaks]:
+    """Time `runs` ({name: fn}) in turns with the two peaks' own kernels, a square matmul of `size` and a sum over a
+    float32 buffer of `nbytes` (time_interleaved: A, B, matmul, sum, A, B, ...), so that a claim that compares a run
+    with a peak compares figures of the same moment. On a busy machine the load changes from one second to the next:
+    a bandwidth measured at a quiet moment against a step timed at a loud one would read a share that neither had.
+    Returns ({name: Timing} of the runs, Peaks from the quickest matmul and the quickest sum). Sizes default to those
+    of measure_peaks (the sum's buffer: 256 MiB on a CPU, 2 GiB on a GPU; make it at least the run's bytes)."""
+    from ..device import default_dtype
+    from .timing import time_interleaved
+
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    cuda = device.type == "cuda"
+    size = size or (8192 if cuda else 1024)
+    nbytes = nbytes or ((1 << 31) if cuda else (1 << 28))
+    if "matmul" in runs or "sum" in runs:
+        raise CourseError("Name the runs something other than 'matmul' and 'sum': those are the peaks' kernels.")
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    x = torch.ones(int(nbytes) // 4, device=device, dtype=torch.float32)
+    timings = time_interleaved({**runs, "matmul": lambda: torch.mm(a, b, out=out), "sum": lambda: x.sum()}, device,
+                               warmup=1, repeats=repeats)
+    name = describe_device(device)
+    peaks = Peaks(name, dtype_name(dtype), 2 * size ** 3 / timings["matmul"].min_s,
+                  x.numel() * 4 / timings["sum"].min_s,
+                  f"in turns with the run: a {size}x{size} {dtype_name(dtype)} matmul and a sum over "
+                  f"{x.numel() * 4 / 2**20:,.0f} MiB, the quickest of {repeats} each",
+                  published_peaks(name) if cuda else None)
+    return {k: timings[k] for k in runs}, peaks

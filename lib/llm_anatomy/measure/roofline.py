@@ -292,7 +292,9 @@ def predict_decode_step_s(batch: int, context: int, weight_bytes: float, kv_byte
 # - C11, memory-bound: a decode step of the default model read its bytes at 36-42% (busy) of the streaming bandwidth
 #   measured in the same run (2.4-2.8x its bytes' time); the tiny model's step (overhead-bound) read its bytes at
 #   3-9% (11-20x). Load lowers the measured bandwidth more than it slows the tiny step's dispatch, so the tiny share
-#   rises when the machine is busy. The bar, 20% (5x the bytes' time), sits 2x from each.
+#   rises when the machine is busy. The bar, 20% (5x the bytes' time), sits 2x from each. Both shares must compare
+#   figures of the same moment (peaks.measured_in_turns): with the bandwidth measured earlier, at a quieter moment
+#   (16.4 GB/s), a step timed under a load of 12 on 2 cores read at 18% of it and failed.
 PARALLEL_STEPS = 4  # C6: a prefill of n tokens must take less than n / PARALLEL_STEPS decode steps
 COMPUTE_SHARE = 0.2  # C6: the share of the measured matmul peak a compute-bound prefill reaches
 RIDGE_MARGIN = 2.0  # C6: how many times the ridge a compute-bound run's intensity must be (not at the knee)
