@@ -39,7 +39,7 @@ def test_the_evidence_holds_with_the_real_rule(pair):
     assert 0 < found.acceptance < 1
 
 
-@pytest.mark.counterfactual("C18", "the whole sampling loop keeps every draft (end to end, notebook 09's second-token test)")
+@pytest.mark.counterfactual("C18", "the whole sampling loop keeps every draft (09's end-to-end second-token test)")
 def test_the_evidence_fails_when_the_loop_keeps_every_draft(pair, monkeypatch):
     from llm_anatomy.claims import ClaimFailed, claim
 

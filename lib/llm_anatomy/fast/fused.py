@@ -184,7 +184,8 @@ def fusion_evidence(plain32: ScratchLlama, variants: dict, prompt: torch.Tensor,
     with torch.no_grad():
         plain_logits = plain32(prompt)
         gaps = {name: (m(prompt) - plain_logits).abs().max().item() for name, m in variants.items()}
-    same = {name: torch.equal(generate_greedy(m, prompt, new_tokens).tokens, plain_tokens) for name, m in variants.items()}
+    same = {name: torch.equal(generate_greedy(m, prompt, new_tokens).tokens, plain_tokens)
+            for name, m in variants.items()}
     per_layer = {name: matmuls_per_layer(m) for name, m in variants.items()}
     holds = (all(g < 1e-4 for g in gaps.values()) and all(same.values()) and all(n == 4 for n in per_layer.values())
              and fused_ops < plain_ops)
@@ -198,7 +199,8 @@ def graph_break_evidence(model_call_breaks: int, static_step_breaks: int) -> tup
     """C20's tracing: (the model call breaks its graph, at its host read, and the fixed-shape step traces whole, the
     evidence). A fixed-shape step that read a value back to the host (an id check, `.item()`) would break too."""
     return (model_call_breaks >= 1 and static_step_breaks == 0,
-            f"the model call breaks its graph {model_call_breaks} time(s) (the range check's host read); the fixed-shape "
+            f"the model call breaks its graph {model_call_breaks} time(s) (the range check's host read); "
+            f"the fixed-shape "
             f"step {static_step_breaks} time(s)" + (": it traces whole" if static_step_breaks == 0 else ""))
 
 
@@ -220,7 +222,9 @@ def replay_evidence(eager_s: float, replay_s: float, margin: float = REPLAY_MARG
 
 
 # A cold torch.compile of the packed int4 decode step on the course's 2-core CPU test machine, as recorded in issue 44
-# (a reviewer's run of `python -m llm_anatomy bench fast --compile`); the notebook quotes it and never compiles on a CPU.
+# (a reviewer's run of `python -m llm_anatomy bench fast --compile`); the notebook quotes it and never compiles on a
+# CPU.
 RECORDED_CPU_COMPILE = {"step": "packed int4 decode step (SmolLM2-135M, batch 1)", "cold_compile_s": 91,
                         "speedup": 1.40, "machine": "the course's 2-core CPU test machine",
-                        "source": "issue 44 (a review of the executed book), `python -m llm_anatomy bench fast --compile`"}
+                        "source": "issue 44 (a review of the executed book), "
+                                  "`python -m llm_anatomy bench fast --compile`"}

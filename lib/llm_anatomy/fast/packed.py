@@ -249,9 +249,10 @@ def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], by
     if reference not in seconds or not reading_codes:
         return False, "no packed kernel that reads the codes ran here"
     base = seconds[reference]
-    parts = [f"{fmt} ({kernels[fmt].removeprefix('torch.')}) reads {bytes_per_token[fmt] / bytes_per_token[reference]:.2f}x "
+    size, ref_rate = bytes_per_token, bytes_per_token[reference] / base / 1e9
+    parts = [f"{fmt} ({kernels[fmt].removeprefix('torch.')}) reads {size[fmt] / size[reference]:.2f}x "
              f"the bytes of {reference} and took {seconds[fmt] / base:.2f}x its time per token "
-             f"({bytes_per_token[fmt] / seconds[fmt] / 1e9:.1f} GB/s against {bytes_per_token[reference] / base / 1e9:.1f})"
+             f"({size[fmt] / seconds[fmt] / 1e9:.1f} GB/s against {ref_rate:.1f})"
              for fmt in reading_codes]
     return (all(seconds[fmt] <= margin * base for fmt in reading_codes),
             "; ".join(parts) + f" (the bar: at most {margin:.2f}x, with the same fusion and SDPA attention)")

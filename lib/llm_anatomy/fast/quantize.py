@@ -182,7 +182,8 @@ def stored_weight_bytes(model, fmt: str, group_size: int = 32, head_fmt: str | N
 INT8_KL_BOUND, INT8_AGREEMENT_BOUND = 0.01, 0.93
 
 
-def quantization_evidence(per_token: dict[str, int], stored: dict[str, int], kl8: float, agree8: float) -> tuple[bool, str]:
+def quantization_evidence(per_token: dict[str, int], stored: dict[str, int], kl8: float,
+                          agree8: float) -> tuple[bool, str]:
     """C17's bytes-and-quality half: (whether it holds, the evidence in words).
 
     per_token: the bytes per token by formula (weight_bytes_per_token) of "fp32", "int8" and "int4"; stored: the
@@ -198,7 +199,8 @@ def quantization_evidence(per_token: dict[str, int], stored: dict[str, int], kl8
     counts = ", ".join(f"{fmt} {per_token[fmt]:,}" + ("" if exact[fmt] else f" (stored: {stored[fmt]:,})")
                        for fmt in stored)
     return (all(exact.values()) and cut and good,
-            f"bytes per token, by formula and counted in the quantized tensors{'' if all(exact.values()) else ' (they differ)'}: "
+            "bytes per token, by formula and counted in the quantized tensors"
+            f"{'' if all(exact.values()) else ' (they differ)'}: "
             f"{counts}; int8 reads {per_token['int8'] / per_token['fp32']:.3f}x fp32's bytes at a KL of {kl8:.4f} nats "
             f"(bar {INT8_KL_BOUND}) with {agree8:.1%} of top tokens unchanged (bar {INT8_AGREEMENT_BOUND:.0%})")
 

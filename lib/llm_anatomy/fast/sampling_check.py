@@ -87,7 +87,8 @@ def end_to_end_sampling(model, prompt_ids: torch.Tensor, draft, draws: int = 400
 def _resample_from_p(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator=None):
     """A wrong rule, the control: keep x with probability min(1, p(x) / q(x)), else draw from p itself (not from
     max(p - q, 0)). Its tokens lean towards q."""
-    accepted = torch.rand(drafts.shape, generator=generator, dtype=torch.float64) * q.double()[drafts] < p.double()[drafts]
+    u = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    accepted = u * q.double()[drafts] < p.double()[drafts]
     return accepted, torch.where(accepted, drafts, torch.multinomial(p, drafts.numel(), True, generator=generator))
 
 
@@ -123,5 +124,6 @@ def rule_check(p: torch.Tensor, drafts_q: dict[str, torch.Tensor], draws: int = 
         accepted, tokens = rule(p, q, torch.multinomial(q, draws, replacement=True, generator=generator), generator)
         tests[name], acceptance[name] = chi_squared_test(tokens, p), float(accepted.float().mean())
     last = list(drafts_q.values())[-1]
-    _, wrong = _resample_from_p(p, last, torch.multinomial(last, draws, replacement=True, generator=generator), generator)
+    drafts = torch.multinomial(last, draws, replacement=True, generator=generator)
+    _, wrong = _resample_from_p(p, last, drafts, generator)
     return RuleCheck(tests, acceptance, chi_squared_test(wrong, p))

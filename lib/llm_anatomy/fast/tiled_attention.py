@@ -137,7 +137,8 @@ def equality_evidence(relative: dict, bound: float = 1e-6) -> tuple[bool, str]:
     online softmax that forgets to rescale what it summed, or skips a tile, parts by far more."""
     worst = max(relative.values())
     tiles = ", ".join(f"{bq}x{bk}: {r:.1e}" for (bq, bk), r in relative.items())
-    return worst < bound, (f"tiled attention equals the plain one within {worst:.1e} of the output's size (bar {bound:.0e}), "
+    return worst < bound, (f"tiled attention equals the plain one within {worst:.1e} of the output's size "
+                           f"(bar {bound:.0e}), "
                            f"for tiles that divide the length and tiles that do not ({tiles})")
 
 
@@ -159,9 +160,11 @@ def memory_growth_evidence(lengths: list[int], plain_peak: list[float], tiled_pe
     linear = 0 < min(tiled) and max(tiled) <= 1.5 * min(tiled)  # a flat cost per token
     quadratic = all(b >= 1.5 * a > 0 for a, b in zip(plain, plain[1:]))  # the cost per token grows with n
     share = tiled_peak[-1] / plain_peak[-1]
+    spread = max(tiled) / min(tiled) if min(tiled) > 0 else float("inf")
     return (linear and quadratic and share <= 0.1,
             f"from {lengths[0]} to {lengths[-1]} tokens, each extra token cost the tiled call "
-            f"{', '.join(f'{s / 1e3:.1f}' for s in tiled)} kB (within {max(tiled) / min(tiled) if min(tiled) > 0 else float('inf'):.2f}x "
+            f"{', '.join(f'{s / 1e3:.1f}' for s in tiled)} kB (within {spread:.2f}x "
             f"from one length to the next; linear means within 1.5x), and the plain call "
-            f"{', '.join(f'{s / 1e3:.0f}' for s in plain)} kB (quadratic: growing 1.5x or more a step); at {lengths[-1]} "
+            f"{', '.join(f'{s / 1e3:.0f}' for s in plain)} kB (quadratic: growing 1.5x or more a step); "
+            f"at {lengths[-1]} "
             f"tokens tiled needs {share:.3f} of the plain peak (bar 0.1)")
