@@ -100,7 +100,10 @@ class DrainFirst(ContinuousScheduler):
 @pytest.mark.counterfactual("C15", "continuous batching that admits only when its whole batch has finished")
 def test_c15_fails_when_continuous_batching_admits_only_into_an_empty_batch(tiny, servers):
     blocks = pool_blocks([max(PROMPTS) + max(OUTPUTS)] * 3, 4)
-    drain = lambda requests: DrainFirst(tiny, PagedKVPool.for_model(tiny, blocks, 4), 3, cost=COST).run(requests)  # noqa: E731
+
+    def drain(requests):
+        return DrainFirst(tiny, PagedKVPool.for_model(tiny, blocks, 4), 3, cost=COST).run(requests)
+
     capacity = service_rate(servers["continuous"], poisson_trace(10, 1.0, PROMPTS, OUTPUTS, seed=2, vocab_size=128))
     step = COST.decode_step_s(1, 8)
     rows = load_sweep({"static": servers["static"], "continuous": drain}, capacity, 10, PROMPTS, OUTPUTS,

@@ -223,7 +223,7 @@ class WholeAnswerScheduler(ContinuousScheduler):
         return joined
 
 
-@pytest.mark.counterfactual("C14", "a pool that books each request's whole answer (prompt + max_new_tokens) at admission")
+@pytest.mark.counterfactual("C14", "a pool that books each request's whole answer (prompt + max_new_tokens) up front")
 def test_c14_fails_on_a_pool_that_books_the_whole_answer_up_front(tiny):
     _, use = _pool_run(tiny, WholeAnswerScheduler)
     with pytest.raises(ClaimFailed, match="C14 FAILED.*per running request, under one block of 16: False"):

@@ -201,8 +201,8 @@ def claim_step_grows_less_than_batch(calibration: Calibration):
     return claim("C13", shared and own,
                  f"at {context:,} tokens of context, a decode step of {big} rows took {t_big / t_one:.1f}x the step of "
                  f"one ({t_big * 1e3:.0f} vs {t_one * 1e3:.0f} ms, medians of interleaved repeats; below {big / 2:g}x: "
-                 f"{shared}, where {big} one-row steps would take {big}x), so the batch made {big * t_one / t_big:.1f}x "
-                 f"the tokens/s; per position added to each row, a step of {b} rows grew "
+                 f"{shared}, where {big} one-row steps would take {big}x), so the batch made "
+                 f"{big * t_one / t_big:.1f}x the tokens/s; per position added to each row, a step of {b} rows grew "
                  f"{g['slope_b'] * 1e6:.1f} us ({g['grew_b'] * 1e3:.0f} ms from {lo_b:,} to {hi_b:,}), {ratio} the "
                  f"{g['slope_1'] * 1e6:.1f} us of one row ({g['grew_1'] * 1e3:.0f} ms from {lo_1:,} to {hi_1:,}); at "
                  f"least {bar:.1f}x: {own}, where rows sharing one cache would make about 1x")

@@ -64,7 +64,8 @@ def load_sweep(servers: dict, capacity_req_s: float, n: int, prompt_lengths, out
 
     Each row: fraction, rate_req_s, server, serving_metrics' figures (p50/p99 of TTFT, TPOT, ITL, end-to-end),
     attainment (share meeting both objectives), short_ttft_p50_s (requests with max_new_tokens <= short_tokens),
-    joined_running (admissions that joined a batch already running: metrics.joined_running_batch), and the outputs (to check that both servers gave the same tokens). The same seed at every rate: only the gaps
+    joined_running (admissions that joined a batch already running: metrics.joined_running_batch), and the
+    outputs (to check that both servers gave the same tokens). The same seed at every rate: only the gaps
     between arrivals change with the rate, never the requests. threads: torch threads while it serves (torch_threads).
     """
     if capacity_req_s <= 0 or not fractions or min(fractions) <= 0:

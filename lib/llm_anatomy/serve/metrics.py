@@ -233,7 +233,8 @@ def claim_pool_holds_real_tokens(use: PoolUse, max_len: int):
                  f"per running request would have held {f['reserved']:,} ({f['reserve_utilisation']:.0%} real): "
                  f"{f['held_over_reserved']:.2f} of it (at most {HELD_OVER_RESERVED}: {held_less}); at worst "
                  f"{f['worst_waste_per_request']:.1f} empty positions per running request, under one block of "
-                 f"{use.block_size}: {per_block}; peak {f['peak_held']:,} positions held against {f['peak_reserved']:,}")
+                 f"{use.block_size}: {per_block}; peak {f['peak_held']:,} positions held against "
+                 f"{f['peak_reserved']:,}")
 
 
 def transformers_generate_batch(hf_model, prompts: list[list[int]], max_new_tokens: int, block_size: int = 16):
