@@ -46,8 +46,9 @@ REFUSAL_SHARE = 0.25  # a refusal within a quarter of an unloaded request's firs
 TAIL = 0.8  # the admitted p99 TTFT with a limit at most 0.8x the unbounded queue's
 CANCEL_STEPS, CANCEL_FLOOR_S = 5, 0.25  # blocks free within 5 decode steps (or 0.25 s: the polling's own time)
 CANCEL_SHARE = 0.25  # ... and within a quarter of the time the rest of its answer would have taken
-# C16: engine TTFT with 112 of 116-120 prompt tokens cached 3.6-5.0x faster than without (a cache that computes the
-# prompt anyway: about 1x).
+# C16: engine TTFT with 112 of a 116-token prompt cached 3.1x faster than without on a quiet machine (a prefill's fixed
+# cost weighs more there), 3.6-5.1x busy; with 208 of a 212-token prompt, as the notebook now sends, 5.8x quiet. A cache
+# that computes the prompt anyway: about 1x.
 PREFIX_SPEEDUP = 2.0  # the cached requests' median TTFT at most half the uncached ones'
 
 
