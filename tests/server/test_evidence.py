@@ -365,7 +365,7 @@ def test_notebook_11s_claim_cells_assert_through_the_claim_functions():
 
     notebook = nbformat.read(repo_root() / "notebooks" / "11_behind_the_api.ipynb", 4)
     code = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
-    for call in ("stream_claim(pieces,", "stream_timing_claim(arrivals, made, clock_error)", "load_claim(rows, capacity,",
-                 "admission_claim(bounded, unbounded,", "cancel_claim(", "prefix_claim("):
+    for call in ("stream_claim(pieces,", "stream_timing_claim(arrivals, made, clock_error)",
+                 "load_claim(rows, capacity,", "admission_claim(bounded, unbounded,", "cancel_claim(", "prefix_claim("):
         assert call in code, call
     assert "claim(\"C" not in code and "ttft_claim" not in code

@@ -28,20 +28,23 @@ import statistics
 from ..claims import Verdict, claim
 
 # Margins, from notebook 11 and its prototype run on the course's 2-core CPU while other work kept it busy (load average
-# 6 to 12; an idle machine is faster, and each figure below is a ratio that its speed moves little).
+# 6 to 12, one more core burned in busy_check's run) and once nearly quiet (load 2): each figure is a ratio.
 # C24, timing: chunks reached the client a median 1.0-13.7 ms after their tokens, 0.005-0.06 of a decode step of
-# 119-265 ms; the spreads 0.99-1.00x. A server that sends the whole answer at the end reads a median lag of half its
-# decode time (3 steps for 7 tokens) and a spread of 0; one that holds each chunk back a step, a lag of 1 step.
+# 119-363 ms busy, 0.02 of a 70 ms step quiet; the spreads 0.99-1.00x. A server that sends the whole answer at the end
+# reads a median lag of half its decode time (3 steps for 7 tokens) and a spread of 0; one that holds each chunk back
+# a step, a lag of 1 step.
 LAG_STEPS = 0.5  # each chunk within half a decode step of its token (median)
 SPREAD = (0.5, 2.0)  # the chunks' spread over the tokens' spread
-# C24, load: median TTFT 285-347 ms at 0.25x the burst's capacity, 1,696-3,107 ms at 4x (16 requests, no queue limit):
-# 6.0-9.2x; served 0.29-0.39 of the offered rate there. A sweep that never passes capacity stays flat (1.0-1.2x).
+# C24, load: median TTFT 285-557 ms at 0.25x the burst's capacity, 1,696-3,607 ms at 4x (16 requests, no queue limit):
+# 6.0-9.2x busy, 8.0x quiet (131 and 1,043 ms); served 0.26-0.39 of the offered rate there. A sweep that never passes
+# capacity stays flat (1.0-1.2x).
 GROWTH = 2.0  # the median TTFT at the highest offered rate at least 2x the one at the lowest
 SATURATED = 0.75  # the served rate at the highest offered rate at most 0.75 of the offered one: the server was full
 CALIBRATED = 0.25  # a modelled curve's capacity within 25% of the measured one (unscaled, it read 0.82-1.26x)
-# C25: refusals in 17-21 ms (median) against an unloaded first token of 285-347 ms (0.05-0.06); admitted p99 TTFT with
-# a limit of 2 at 0.40-0.55x the unbounded queue's; a cancelled stream's blocks free 226-306 ms after its client
-# closed, 1.1-1.5 decode steps, with 394 tokens of its answer left (a 'free at the end' server: 394 steps).
+# C25: refusals in 11-28 ms (median) against an unloaded first token of 285-557 ms (0.03-0.06), 4 against 131 ms quiet;
+# admitted p99 TTFT with a limit of 2 at 0.35-0.55x the unbounded queue's; a cancelled stream's blocks free 226-489 ms
+# after its client closed busy, 77 ms quiet: 1.1-1.6 decode steps, with 394 tokens of its answer left (a server that
+# frees them at the end of the run: 394 steps).
 REFUSAL_SHARE = 0.25  # a refusal within a quarter of an unloaded request's first token
 TAIL = 0.8  # the admitted p99 TTFT with a limit at most 0.8x the unbounded queue's
 CANCEL_STEPS, CANCEL_FLOOR_S = 5, 0.25  # blocks free within 5 decode steps (or 0.25 s: the polling's own time)
