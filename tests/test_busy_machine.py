@@ -57,6 +57,20 @@ def test_a_changed_verdict_is_a_difference():
     assert diff == ["cell a: idle ['C15 holds'], busy ['C15 failed']", "cell c: idle [], busy ['raised NameError']"]
 
 
+def test_a_claim_the_busy_machine_cannot_show_is_said_not_a_difference():
+    idle = {"a": {"C23 holds"}, "b": {"C22 not shown"}}
+    busy = {"a": {"C23 not shown"}, "b": {"C22 not shown"}}
+    assert busy_check.differences(idle, busy) == []
+    assert busy_check.not_shown_when_busy(idle, busy) == ["C23 (cell a)"]
+    assert busy_check.differences(idle, {"a": {"C23 failed"}, "b": {"C22 not shown"}})  # failing is a difference
+    assert busy_check.differences(idle, {"a": {"C23 not shown", "C23 reading"}, "b": {"C22 not shown"}})
+    results = [{"notebook": "10_beyond_one_device.ipynb", "idle_s": 70.0, "idle_failures": [],
+                "runs": [{"burn": 1, "seconds": 80.0, "ratio": 1.14, "differences": [],
+                          "not_shown_when_busy": ["C23 (cell a)"]}]}]
+    assert ("the same in every run; shown in one run, 'not shown on this machine' in another: C23 (cell a)"
+            in busy_check.table(results, [1]))
+
+
 def test_failures_and_the_table():
     found = {"a": {"C15 holds"}, "b": {"C16 failed"}, "c": {"raised NameError", "C8 holds"}}
     assert busy_check.failures(found) == ["C16 failed", "raised NameError"]

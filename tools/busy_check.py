@@ -70,10 +70,27 @@ def failures(found: dict[str, set[str]]) -> list[str]:
     return sorted({m for marks in found.values() for m in marks if m.endswith(" failed") or m.startswith("raised")})
 
 
+def _shown_or_not(marks: set[str]) -> set[str]:
+    """The marks with 'holds' and 'not shown' made one: a cell that checks what the machine lets it check."""
+    return {m.replace(" not shown", " holds") for m in marks}
+
+
 def differences(idle: dict[str, set[str]], busy: dict[str, set[str]]) -> list[str]:
-    """One line per cell whose verdicts differ between the two runs (empty: the same story)."""
+    """One line per cell whose verdicts differ between the two runs (empty: the same story).
+
+    A claim that holds in one run and is 'not shown on this machine' in the other is no difference: the cell saw that
+    the busy machine lacked what separates the claim from its counterfactual (a free core per stage, say) and said so
+    instead of asserting; `not_shown_when_busy` lists those. A claim that holds in one run and fails in the other, a
+    reading that appears or goes, or an error, is a difference."""
     return [f"cell {cell}: idle {sorted(idle.get(cell, ()))}, busy {sorted(busy.get(cell, ()))}"
-            for cell in sorted(set(idle) | set(busy)) if idle.get(cell, set()) != busy.get(cell, set())]
+            for cell in sorted(set(idle) | set(busy))
+            if _shown_or_not(idle.get(cell, set())) != _shown_or_not(busy.get(cell, set()))]
+
+
+def not_shown_when_busy(idle: dict[str, set[str]], busy: dict[str, set[str]]) -> list[str]:
+    """The claims a cell showed in one run and said 'not shown on this machine' in the other: ['C23 (cell x)']."""
+    return sorted({f"{m.split()[0]} (cell {cell})" for cell in set(idle) & set(busy)
+                   for m in idle[cell] ^ busy[cell] if m.endswith(" not shown") or m.endswith(" holds")})
 
 
 def _burn(seconds: float) -> None:
@@ -145,10 +162,12 @@ def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path 
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             nbformat.write(busy_nb, str(out / f"{notebook.stem}.burn{burn}.ipynb"))
-        diff = differences(found, verdicts(busy_nb))
+        busy_found = verdicts(busy_nb)
+        diff = differences(found, busy_found)
         ratio = busy_s / seconds if seconds else None
         result["runs"].append({"burn": burn, "seconds": round(busy_s, 1), "ratio": ratio and round(ratio, 2),
-                               "differences": diff})
+                               "differences": diff, "not_shown_when_busy": [] if diff else
+                               not_shown_when_busy(found, busy_found)})
         log(f"{notebook.name}: {burn} core(s) burned {busy_s:.0f} s"
             + (f" ({ratio:.2f}x idle)" if ratio else "") + (": the same verdicts" if not diff else
                                                             ":\n  " + "\n  ".join(diff)))
@@ -175,6 +194,9 @@ def table(results: list[dict], burns: list[int]) -> str:
             "the same in every run" if not any(run["differences"] for run in r["runs"]) else
             "differ: " + "; ".join(f"{run['burn']} burned: {len(run['differences'])} cells" for run in r["runs"]
                                    if run["differences"]))
+        unshown = sorted({c for run in r["runs"] for c in run.get("not_shown_when_busy", [])})
+        if unshown:
+            same += "; shown in one run, 'not shown on this machine' in another: " + ", ".join(unshown)
         idle = f"{r['idle_s']:.0f}" if r["idle_s"] else "?"
         rows.append(f"| {r['notebook']} | {idle} | " + " | ".join(cells) + f" | {same} |")
     return "\n".join(rows)
