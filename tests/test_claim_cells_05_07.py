@@ -13,8 +13,9 @@ import torch
 
 from llm_anatomy import load_model
 from llm_anatomy.claims import ClaimFailed, claim, reading
-from llm_anatomy.generate import decode
+from llm_anatomy.generate import decode, decode_check
 from llm_anatomy.generate.chat import chat_prompt_ids
+from llm_anatomy.measure import cache_speedup
 from llm_anatomy.model.kv_cache import KVCache
 from llm_anatomy.model.scratch import ScratchLlama
 
@@ -79,8 +80,8 @@ def test_05_c8_fails_when_the_cached_loop_loses_the_first_position(course05, mon
 
 @pytest.mark.counterfactual("C8", "05's cell on the real model, the whole text fed at every step")
 def test_05_c8_fails_when_every_step_feeds_the_whole_text(course05, monkeypatch):
-    real_trace = decode.trace_greedy
-    monkeypatch.setattr(decode, "trace_greedy", lambda *a, **kw: real_trace(*a, **kw, use_cache=False))
+    real_trace = decode_check.trace_greedy
+    monkeypatch.setattr(decode_check, "trace_greedy", lambda *a, **kw: real_trace(*a, **kw, use_cache=False))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
         run_cells(cell_source(*C8_05), namespace=dict(course05))
 
@@ -101,7 +102,7 @@ def course06(tiny_model):
 def _fake_seconds(monkeypatch, cached_s: float, uncached_s: float):
     """time_cache_runs with its real runs and counts, each call's seconds replaced (the tiny model's steps are too
     short to time: on it, a step is all overhead)."""
-    real = decode.time_cache_runs
+    real = cache_speedup.time_cache_runs
 
     def timed(*args, **kwargs):
         runs = real(*args, **kwargs)
@@ -109,7 +110,7 @@ def _fake_seconds(monkeypatch, cached_s: float, uncached_s: float):
             steps = runs[name].generation.step_seconds
             steps[:] = [seconds] * len(steps)
         return runs
-    monkeypatch.setattr(decode, "time_cache_runs", timed)
+    monkeypatch.setattr(cache_speedup, "time_cache_runs", timed)
 
 
 def test_06_c8_time_holds_when_the_cache_is_faster(course06, monkeypatch):
@@ -121,8 +122,8 @@ def test_06_c8_time_holds_when_the_cache_is_faster(course06, monkeypatch):
 
 @pytest.mark.counterfactual("C8", "06's cell with both runs uncached (through time_cache_runs)")
 def test_06_c8_time_fails_when_both_runs_are_uncached(course06, monkeypatch):
-    real = decode.time_cache_runs
-    monkeypatch.setattr(decode, "time_cache_runs", lambda *a, **kw: real(
+    real = cache_speedup.time_cache_runs
+    monkeypatch.setattr(cache_speedup, "time_cache_runs", lambda *a, **kw: real(
         *a, **kw, uses_cache={"with": False, "without": False}))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
         run_cells(cell_source(*C8_06), namespace=course06)

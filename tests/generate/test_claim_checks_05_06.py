@@ -13,8 +13,9 @@ import torch
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.generate import decode
-from llm_anatomy.generate.decode import (CountedRun, Generation, check_cache_speedup, check_decode, full_pass_logits,
-                                         time_cache_runs, trace_greedy)
+from llm_anatomy.generate.decode import Generation
+from llm_anatomy.generate.decode_check import check_decode, full_pass_logits, trace_greedy
+from llm_anatomy.measure.cache_speedup import CountedRun, check_cache_speedup, time_cache_runs
 from llm_anatomy.measure.kv_memory import check_kv_bytes, measure_kv_bytes
 from llm_anatomy.model import kv_cache as kv_cache_module
 from llm_anatomy.model.kv_cache import (KVCache, check_prefill_cache, kv_cache_bytes, rope_positions,
