@@ -182,6 +182,7 @@ def test_07_c12_holds_on_the_prompt_lengths_timed_in_turns(course07):
     assert seen == [[4, 40]] and set(namespace["timings"]) == {4, 40}  # every length in one interleaved timing
 
 
+@pytest.mark.counterfactual("C12", "a prefill whose time does not grow with the prompt (10 ms at any length)")
 def test_07_c12_fails_when_the_long_prompt_is_no_slower(course07):
     course07["time_generations"] = _timings_growing_with(0.0, [], base_s=0.01)  # 10 ms whatever the length
     with pytest.raises(ClaimFailed, match="C12 FAILED"):
