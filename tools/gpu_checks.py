@@ -91,8 +91,8 @@ def check_b2_scores(report: Report, model, n: int, peaks) -> None:
         prefill(model, ids, cache)
 
     seconds = time_it(run, device, warmup=1, repeats=3).median_s
-    point = roofline_point(f"prefill {n}", forward_work(cfg, n, bytes_per_element=size, materialized_scores=True),
-                           seconds)
+    point = roofline_point(f"prefill {n}", forward_work(cfg, n, bytes_per_element=size, materialized_scores=True,
+                                                        activations=True), seconds)  # every op's bytes (notebook 07)
     side = "right of the ridge (compute roof)" if point.intensity > peaks.ridge_intensity else "left of the ridge"
     report.read("B2 prefill on the roofline", f"{n} tokens in {seconds * 1e3:.1f} ms: {point.flops_per_s / 1e12:.2f} "
                 f"TFLOP/s = {point.flops_per_s / peaks.flops_per_s:.0%} of the measured {peaks.dtype} peak, "

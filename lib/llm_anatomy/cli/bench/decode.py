@@ -143,9 +143,9 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
         times = time_interleaved(both, dev, warmup=1, repeats=reps)
         t, t_sdpa = times["naive"], times["sdpa"]
         # the plain attention computes and writes out the whole score matrix, so it counts as FLOPs and bytes moved;
-        # SDPA's causal kernel keeps no scores
-        work = forward_work(cfg, length, 0, 1, elem, materialized_scores=True)
-        fused_work = forward_work(cfg, length, 0, 1, elem)
+        # SDPA's causal kernel keeps no scores; every op's reads and writes are counted (most of a long prefill's bytes)
+        work = forward_work(cfg, length, 0, 1, elem, materialized_scores=True, activations=True)
+        fused_work = forward_work(cfg, length, 0, 1, elem, activations=True)
         result["prefill"].append({"prompt_tokens": length, "seconds": t.median_s, "tokens_per_s": length / t.median_s,
                                   "flops_per_s": work.flops / t.median_s, "intensity": work.intensity,
                                   "naive_flops_per_s": work.flops / t.median_s,
