@@ -2,8 +2,8 @@
 
 C6 and C11 are checked by library functions (measure/roofline.py), whose true and false worlds tests/measure/
 test_roofline.py runs on measured figures. Here: the C12 cell itself, run as the notebook holds it on a tiny model,
-with its timer or its prefill replaced by those of a world without the mechanism (the existing worlds are in
-tests/test_claim_cells_05_07.py). And the C6 and C11 cells' sources, which must call those library checks.
+with its timer or its prefill replaced by those of a world without the mechanism. And the C6 and C11 cells' sources,
+which must call those library checks.
 """
 
 from __future__ import annotations
@@ -47,11 +47,15 @@ def course07(tiny_model):
                 kv_cache_bytes=kv_cache_bytes)
 
 
-def timer(prefill_s, decode_s: float = 0.001):
-    """A stand-in for time_generations: the prefill of n tokens takes prefill_s(n), every decode step decode_s."""
+def timer(prefill_s, decode_s: float = 0.001, seen: list | None = None):
+    """A stand-in for time_generations: the prefill of n tokens takes prefill_s(n), every decode step decode_s (on the
+    tiny model the real prefills of 4 and 40 tokens differ by less than a busy machine's noise). `seen` collects the
+    prompt lengths of each call."""
     from llm_anatomy.measure.timing import GenerationTiming
 
     def timed(model, prompts, new_tokens, warmup, repeats):
+        if seen is not None:
+            seen.append(sorted(prompts))
         return {n: GenerationTiming(ids.shape[1], new_tokens, 1, prefill_s(n), decode_s,
                                     [prefill_s(n)] + [decode_s] * (new_tokens - 1), [prefill_s(n)] * repeats)
                 for n, ids in prompts.items()}
@@ -62,8 +66,17 @@ C12 = 'claim("C12"'
 
 
 def test_07_c12_holds_when_ttft_grows_and_exceeds_a_step(course07):
-    course07["time_generations"] = timer(lambda n: 0.002 + 1e-4 * n)  # 2.4 and 6 ms against 1 ms steps
-    run_cell(cell_source(C12), course07)
+    seen = []
+    course07["time_generations"] = timer(lambda n: 0.002 + 1e-4 * n, seen=seen)  # 2.4 and 6 ms against 1 ms steps
+    namespace = run_cell(cell_source(C12), course07)
+    assert seen == [[4, 40]] and set(namespace["timings"]) == {4, 40}  # every length in one interleaved timing
+
+
+@pytest.mark.counterfactual("C12", "a prefill whose time does not grow with the prompt (10 ms at any length)")
+def test_07_c12_fails_when_the_long_prompt_is_no_slower(course07):
+    course07["time_generations"] = timer(lambda n: 0.01)  # 10 ms whatever the length
+    with pytest.raises(ClaimFailed, match="C12 FAILED"):
+        run_cell(cell_source(C12), course07)
 
 
 @pytest.mark.counterfactual("C12", "a first token no slower than the rest (TTFT grows, but stays under a decode step)")
