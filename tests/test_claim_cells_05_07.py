@@ -1,4 +1,4 @@
-"""The C8 claim cells of notebooks 05 and 06 (and 07's C12), run as the notebooks hold them: each holds, and each fails
+"""The C8 claim cells of notebooks 05 and 06, run as the notebooks hold them: each holds, and each fails
 (ClaimFailed) in a counterfactual world (tests/test_claim_cells.py does the same for 02-04; the checks they call are
 tested on a tiny model in tests/generate/test_claim_checks_05_06.py)."""
 
