@@ -253,6 +253,9 @@ def test_c6_fails_for_a_prefill_left_of_the_ridge():
         claim_compute_bound(knee, short, short.flops / 9.4e9, what="a 16-token prefill")
     with pytest.raises(ClaimFailed, match=r"C6 FAILED.*1\.3x the measured ridge"):  # even at the whole peak
         claim_compute_bound(knee, short, short.flops / 44e9, what="a 16-token prefill")
+    low = Peaks("very busy CPU", "fp32", flops_per_s=26e9, bytes_per_s=10e9, how="")  # ridge 2.6: the lowest seen
+    with pytest.raises(ClaimFailed, match=r"C6 FAILED.*2\.2x the measured ridge"):  # at 38% of the peak, its best
+        claim_compute_bound(low, short, short.flops / (0.38 * 26e9), what="a 16-token prefill")
     ridge_8 = Peaks("CPU, ridge 8", "fp32", flops_per_s=160e9, bytes_per_s=20e9, how="")
     with pytest.raises(ClaimFailed, match="C6 FAILED.*left of the measured ridge"):
         claim_compute_bound(ridge_8, short, short.flops / (0.5 * 160e9), what="a 16-token prefill")  # at 50% of peak
