@@ -137,8 +137,9 @@ def test_c8_fails_when_the_cache_loses_the_first_position(pair, prompt, monkeypa
 # ------------------------------------------------------------------ C8 (notebook 06): the time the cache saves
 
 
-def counted(seconds, fed, new=8):
-    return CountedRun(Generation(torch.zeros(1, new, dtype=torch.long), [seconds / new] * new), fed)
+def counted(seconds, fed, new=8, tokens=None):
+    tokens = torch.zeros(1, new, dtype=torch.long) if tokens is None else tokens
+    return CountedRun(Generation(tokens, [seconds / new] * new), fed, prompt_tokens=9)
 
 
 def test_c8_speedup_holds_when_the_cache_is_faster_and_feeds_one_token_a_step():
@@ -161,6 +162,21 @@ def test_c8_speedup_fails_for_two_uncached_runs(tiny_model):
 def test_c8_speedup_fails_below_the_margin():
     runs = {"with": counted(1.0, [9] + [1] * 7), "without": counted(1.3, [9 + i for i in range(8)])}
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
+        check_cache_speedup(runs, on_gpu=False)
+
+
+@pytest.mark.counterfactual("C8", "a decode step that feeds one token but attends to nothing cached (fast, other tokens)")
+def test_c8_speedup_fails_when_the_fast_run_made_other_tokens():
+    forgetful = torch.arange(8)[None]  # what a step without its cache chose: not the full recompute's tokens
+    runs = {"with": counted(1.0, [9] + [1] * 7, tokens=forgetful), "without": counted(3.0, [9 + i for i in range(8)])}
+    with pytest.raises(ClaimFailed, match="C8 FAILED.*the same tokens: False"):
+        check_cache_speedup(runs, on_gpu=False)
+
+
+@pytest.mark.counterfactual("C8", "a prefill that feeds one token of the prompt, then one a step (the prompt lost)")
+def test_c8_speedup_fails_when_the_prefill_did_not_feed_the_prompt():
+    runs = {"with": counted(1.0, [1] * 8), "without": counted(3.0, [9 + i for i in range(8)])}
+    with pytest.raises(ClaimFailed, match="C8 FAILED.*then one a step: False"):
         check_cache_speedup(runs, on_gpu=False)
 
 
