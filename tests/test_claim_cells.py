@@ -547,11 +547,11 @@ def test_04_greedy_claim_fails_when_one_token_differs(course, monkeypatch):
 
 
 # 01 · C1: our trainer's merges are the tokenizers library's, in order; our encoder gives the model's ids
-TRAINER = ("01_tokens.ipynb", 'claim("C1", same ==')
+TRAINER = ("01_tokens.ipynb", 'claim("C1", ours_merges == reference_merges')
 ENCODER = ("01_tokens.ipynb", 'claim("C1", all(same_tricky)')
 
 
-@pytest.mark.counterfactual("C1", "our BPE trainer learns two merges in the other order, or one fewer")
+@pytest.mark.counterfactual("C1", "our BPE trainer learns two merges in the other order, one fewer, or one more")
 def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkeypatch):
     from llm_anatomy.tokens import bpe
 
@@ -562,7 +562,7 @@ def test_01_trainer_claim_fails_when_one_merge_is_out_of_order_or_missing(monkey
     assert run_cell(cell_source(*TRAINER), **names)["same"] == 1000
     swapped = list(theirs)
     swapped[500], swapped[501] = swapped[501], swapped[500]  # the same merges, two learned in the other order
-    for wrong in (swapped, theirs[:999]):
+    for wrong in (swapped, theirs[:999], theirs + [(b"x", b"y")]):  # one more merge: zip alone would not see it
         monkeypatch.setattr(bpe, "learned_merges", lambda tokenizer, wrong=wrong: wrong)
         with pytest.raises(ClaimFailed, match="C1 FAILED"):
             run_cell(cell_source(*TRAINER), **names)

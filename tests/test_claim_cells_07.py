@@ -90,7 +90,41 @@ def test_07_c12_fails_when_ttft_does_not_exceed_a_step(course07):
 def test_07_c12_fails_when_the_prefill_stores_nothing(course07):
     course07["time_generations"] = timer(lambda n: 0.002 + 1e-4 * n)
     course07["prefill"] = lambda model, ids, cache, **kw: model.trace(ids, None, keep_hidden=False, logits_to_keep=1)
-    with pytest.raises(ClaimFailed, match="C12 FAILED.*cache holds 0 bytes"):
+    with pytest.raises(ClaimFailed, match="C12 FAILED.*0 positions hold"):
+        run_cell(cell_source(C12), course07)
+
+
+@pytest.mark.counterfactual("C12", "a prefill that advances the cache's length but writes no K/V (or only layer 0)")
+def test_07_c12_fails_when_the_prefill_advances_the_length_without_writing(course07):
+    from llm_anatomy.generate.decode import prefill
+
+    course07["time_generations"] = timer(lambda n: 0.002 + 1e-4 * n)
+
+    def advances_only(model, ids, cache, **kw):
+        model.trace(ids, None, keep_hidden=False, logits_to_keep=1)
+        cache.advance(ids.shape[1])  # the length says the prompt is there; the tensors hold zeros
+
+    course07["prefill"] = advances_only
+    with pytest.raises(ClaimFailed, match="C12 FAILED.*0 positions hold"):
+        run_cell(cell_source(C12), course07)
+
+    def first_layer_only(model, ids, cache, **kw):
+        prefill(model, ids, cache, **kw)
+        for t in cache.keys[1:] + cache.values[1:]:
+            t.zero_()
+
+    course07["prefill"] = first_layer_only
+    with pytest.raises(ClaimFailed, match="C12 FAILED.*0 positions hold"):
+        run_cell(cell_source(C12), course07)
+
+
+@pytest.mark.counterfactual("C12", "a prefill whose time grows only a little with the prompt (1.5x for 10x the tokens)")
+def test_07_c12_fails_when_ttft_grows_too_little(course07):
+    course07["time_generations"] = timer(lambda n: 0.01 + 1.4e-5 * n)  # 10.06 and 10.56 ms: 1.05x for 10x the tokens
+    with pytest.raises(ClaimFailed, match="C12 FAILED"):
+        run_cell(cell_source(C12), course07)
+    course07["time_generations"] = timer(lambda n: 0.004 * (1 + n / 72))  # 1.5x between 4 and 40 tokens
+    with pytest.raises(ClaimFailed, match="C12 FAILED"):
         run_cell(cell_source(C12), course07)
 
 

@@ -143,3 +143,15 @@ def test_an_object_with_only_the_attention_numbers_is_enough():
     assert kv_cache_bytes(mqa, 1) == kv_bytes(30, 1, 64, 2) == 23_040 // 3
     mha = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=9, hidden_size=576)
     assert kv_cache_bytes(mha, 1) == 3 * 23_040  # head_dim from hidden_size // heads
+
+
+def test_written_positions_reads_the_stored_tensors_not_the_length(tiny_model):
+    model = ScratchLlama.from_hf(tiny_model)
+    cache = model.new_cache(1, 16)
+    assert cache.written_positions() == 0
+    model(torch.tensor([[5, 6, 7, 8, 9]]), cache)
+    assert cache.length == 5 and cache.written_positions() == 5
+    cache.advance(3)  # the length moves, nothing is written
+    assert cache.length == 8 and cache.written_positions() == 5
+    cache.values[-1].zero_()  # one layer's values lost: no position is whole any more
+    assert cache.written_positions() == 0

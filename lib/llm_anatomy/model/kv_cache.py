@@ -149,6 +149,16 @@ class KVCache(KVCacheInterface):
         """Bytes reserved for keys and values, filled or not."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
+    def written_positions(self) -> int:
+        """How many positions hold a key and a value in EVERY layer, for every sequence (some entry not zero), read
+        from the stored tensors themselves, not from `length`: a prefill that advanced the length without writing, or
+        wrote only some layers, shows fewer. (The cache starts as zeros; a real key or value is never all zeros.)"""
+        written = None
+        for t in self.keys + self.values:  # [batch, kv_heads, max_len, head_dim]
+            here = t.ne(0).any(dim=-1).any(dim=1).all(dim=0)  # [max_len]
+            written = here if written is None else written & here
+        return int(written.sum())
+
 
 def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_element: int, seq_len: int = 1,
              batch_size: int = 1) -> int:
