@@ -318,12 +318,21 @@ class PagedSequenceCache(KVCacheInterface):
 
 
 def claim_paged_equals_contiguous(tokens_paged: torch.Tensor, tokens_flat: torch.Tensor, logits_paged: torch.Tensor,
-                                  logits_flat: torch.Tensor):
-    """C14, the paged cache is the same cache: greedy tokens `[1, n]` identical and every step's logits
-    `[n, 1, vocab]` equal to the last bit (0.0 apart) with a paged and with a contiguous cache, in fp32. A reader that
-    takes a position from the wrong slot or block, or a pool that stores K and V in another dtype, fails it. Raises
+                                  logits_flat: torch.Tensor, block_tables: list[list[int]]):
+    """C14, the paged cache is the same cache: greedy tokens `[rows, n]` identical and every step's logits
+    `[n, rows, vocab]` equal to the last bit (0.0 apart) with a paged and with a contiguous cache, in fp32, for two or
+    more sequences that shared one pool and took turns, whose `block_tables` (one per sequence, as the run left them)
+    hold disjoint blocks and are not all the identity 0, 1, 2, ... A reader that takes a position from the wrong slot
+    or block, a pool that stores K and V in another dtype, or a cache that ignores its block table (slot = position:
+    the sequences then overwrite each other's slots) fails it; so does evidence that could not show the table being
+    used (one sequence, or tables that are all 0, 1, 2, ..., where slot = position gives the same slots). Raises
     ClaimFailed otherwise."""
     same = torch.equal(tokens_paged, tokens_flat)
     diff = (logits_paged - logits_flat).abs().max().item()
-    return claim("C14", same and diff == 0.0, f"paged and contiguous caches: identical tokens {same}, max |logit "
-                                              f"difference| {diff} over {len(logits_paged)} steps")
+    blocks = [b for table in block_tables for b in table]
+    shared_pool = len(block_tables) >= 2 and len(blocks) == len(set(blocks))
+    scattered = any(list(table) != list(range(len(table))) for table in block_tables)
+    return claim("C14", same and diff == 0.0 and shared_pool and scattered,
+                 f"paged and contiguous caches: identical tokens {same}, max |logit difference| {diff} over "
+                 f"{len(logits_paged)} steps of {len(block_tables)} sequences in one pool, block tables {block_tables} "
+                 f"(disjoint: {shared_pool}; not all 0, 1, 2, ...: {scattered})")
