@@ -70,7 +70,7 @@ def test_c14_paged_equals_contiguous_fails_when_the_block_table_is_ignored(tiny,
         claim_paged_equals_contiguous(*_both(tiny))
 
 
-@pytest.mark.counterfactual("C14", "evidence of one sequence whose block table is 0, 1, 2, ... (cannot show the table is used)")
+@pytest.mark.counterfactual("C14", "one sequence in a fresh pool: its table 0, 1, 2, ... cannot show the table used")
 def test_c14_paged_equals_contiguous_fails_on_one_identity_table(tiny):
     evidence = _both(tiny, sequences=1)
     assert evidence[4] == [[0, 1, 2, 3, 4]]  # a fresh pool hands out 0, 1, 2, ...: slot = position would give the same
