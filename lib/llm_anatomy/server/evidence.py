@@ -8,8 +8,12 @@ C24: the stream is the decode loop. Its text (`stream_claim`): each chunk a clie
      the tokens did, so that a server that held the answer back and sent it whole, or a step late, fails. Load
      (`load_claim`): on a short real sweep from well below to well past the measured capacity, the median TTFT at
      the highest offered rate is at least GROWTH x the one at the lowest, and the served rate there fell behind the
-     offered one (the server was full); a cost model's curve drawn beside the points must be calibrated to the
-     measured capacity. That the client's TTFT holds the engine's is causality, not evidence: a reading only.
+     offered one (the server was full). That the TTFT grows *before* capacity, while the served rate still keeps up
+     (`load_before_capacity`), a sweep of a few requests per rate on a shared 2-core machine cannot separate from
+     noise, nor from a server whose TTFT stays flat until it is full: not shown, with the measured points. A cost
+     model's curve drawn beside the points is scaled to the measured capacity and is read, not checked: its TTFT
+     missed the measured ones up to 8x. That the client's TTFT holds the engine's is causality, not evidence: a
+     reading only.
 C25: a bounded queue turns overload into fast refusals (`admission_claim`: some 429s, each answered in a fraction of
      an unloaded request's first token, and a lower p99 TTFT of the admitted than the unbounded queue's, which
      refused nobody), and a cancelled stream's KV blocks are free again within a few decode steps, long before its
@@ -25,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..claims import Verdict, claim
+from ..claims import Verdict, claim, not_shown
 
 # Margins, from notebook 11 and its prototype run on the course's 2-core CPU while other work kept it busy (load average
 # 6 to 12, one more core burned in busy_check's run) and once nearly quiet (load 2): each figure is a ratio.
@@ -40,7 +44,10 @@ SPREAD = (0.5, 2.0)  # the chunks' spread over the tokens' spread
 # capacity stays flat (1.0-1.2x).
 GROWTH = 2.0  # the median TTFT at the highest offered rate at least 2x the one at the lowest
 SATURATED = 0.75  # the served rate at the highest offered rate at most 0.75 of the offered one: the server was full
-CALIBRATED = 0.25  # a modelled curve's capacity within 25% of the measured one (unscaled, it read 0.82-1.26x)
+# Below capacity: 100 ms at 0.25x and 118 ms at 1x (1.18x; 3 and 4 requests), 987 ms at 4x, in one executed run; the
+# sweep's 1x point is not a margin any noise cannot cross, and a server whose TTFT stays flat until it is full reads
+# about 1.0-1.2x there too: not shown (load_before_capacity). The cost model's curve, scaled so that its capacity is
+# the measured one, read 984 ms at 1x against the measured 118 ms: its TTFT is not calibrated, and no longer claimed.
 # C25: refusals in 11-28 ms (median) against an unloaded first token of 285-557 ms (0.03-0.06), 4 against 131 ms quiet;
 # admitted p99 TTFT with a limit of 2 at 0.35-0.55x the unbounded queue's; a cancelled stream's blocks free 226-489 ms
 # after its client closed busy, 77 ms quiet: 1.1-1.6 decode steps, with 394 tokens of its answer left (a server that
@@ -95,10 +102,10 @@ def stream_timing_claim(arrivals_s: list[float], made_s: list[float], clock_erro
                  f"{clock_error_s * 1e3:.1f} ms")
 
 
-def load_claim(by_rate: dict[float, tuple[float, float]], capacity: float,
-               modelled_capacity: float | None = None) -> Verdict:
-    """C24's load from a measured sweep: {offered rate (req/s): (median TTFT at the client, s; served req/s)}, the
-    measured capacity (req/s), and the capacity of a modelled curve drawn beside the points (None: none drawn)."""
+def load_claim(by_rate: dict[float, tuple[float, float]], capacity: float) -> Verdict:
+    """C24's load from a measured sweep: {offered rate (req/s): (median TTFT at the client, s; served req/s)} and the
+    measured capacity (req/s): from at most 0.5x to at least 2x the capacity the median TTFT grew at least GROWTH x,
+    and at the top the served rate fell behind the offered one (at most SATURATED of it: the server was full)."""
     if len(by_rate) < 2:
         return claim("C24", False, f"{len(by_rate)} offered rate(s): at least two are needed to see a load grow")
     low, high = min(by_rate), max(by_rate)
@@ -106,16 +113,31 @@ def load_claim(by_rate: dict[float, tuple[float, float]], capacity: float,
     spans = low <= 0.5 * capacity and high >= 2 * capacity
     grows = ttft_high >= GROWTH * ttft_low
     full = served_high <= SATURATED * high
-    calibrated = modelled_capacity is None or abs(modelled_capacity / capacity - 1) <= CALIBRATED
-    model = "" if modelled_capacity is None else (
-        f"; the modelled curve's capacity {modelled_capacity:.2f} req/s ({modelled_capacity / capacity:.2f}x the "
-        f"measured; within {CALIBRATED:.0%} needed)")
-    return claim("C24", spans and grows and full and calibrated,
+    return claim("C24", spans and grows and full,
                  f"measured median TTFT {ttft_low * 1e3:.0f} ms at {low:.2f} req/s ({low / capacity:.2f}x the measured "
                  f"capacity of {capacity:.2f} req/s) and {ttft_high * 1e3:.0f} ms at {high:.2f} req/s "
                  f"({high / capacity:.1f}x): {ttft_high / ttft_low:.1f}x (at least {GROWTH}x needed, from at most "
                  f"0.5x to at least 2x the capacity); served {served_high:.2f} req/s there "
-                 f"({served_high / high:.2f} of the offered; at most {SATURATED} for a full server){model}")
+                 f"({served_high / high:.2f} of the offered; at most {SATURATED} for a full server)")
+
+
+def load_before_capacity(by_rate: dict[float, tuple[float, float]], capacity: float,
+                         requests: dict[float, int]) -> Verdict:
+    """C24's other half, that the TTFT grows *before* throughput stops growing: not shown here. The measured points
+    at most 1x the capacity are printed against the lowest one (TTFT ratio, served share of the offered rate) with the
+    requests each run sent (`requests`: offered rate -> requests); a few requests per rate on a shared 2-core machine
+    cannot tell that growth from noise, nor from a server whose TTFT stays flat until it is full."""
+    low = min(by_rate)
+    points = "; ".join(f"{rate / capacity:.2f}x ({requests.get(rate, '?')} requests): median TTFT "
+                       f"{by_rate[rate][0] * 1e3:.0f} ms, {by_rate[rate][0] / by_rate[low][0]:.2f}x the lowest rate's, "
+                       f"served {by_rate[rate][1] / rate:.2f} of the offered"
+                       for rate in sorted(by_rate) if rate <= 1.0001 * capacity)
+    return not_shown("C24", f"that the TTFT grows before throughput stops growing: measured {points}; a few requests "
+                            "per rate on a shared 2-core machine cannot separate a rise below capacity from noise, or "
+                            "from a server whose TTFT stays flat until it is full (this run's 4x point shows only the "
+                            "waiting past capacity)",
+                     "longer runs (a hundred requests or more per rate) at 0.5x and 0.75x the measured capacity on an "
+                     "idle machine or a GPU, their median TTFT against the 0.25x one while the served rate keeps up")
 
 
 def admission_claim(bounded: dict, unbounded: dict, unloaded_ttft_ms: float) -> Verdict:
@@ -133,20 +155,34 @@ def admission_claim(bounded: dict, unbounded: dict, unloaded_ttft_ms: float) -> 
 
 
 def cancel_claim(blocks_before: float, blocks_during: float, blocks_after: float, cancelled: float,
-                 freed_after_s: float | None, step_s: float, tokens_left: int) -> Verdict:
+                 freed_after_s: float | None, step_s: float, tokens_left: int, *, free: tuple[float, float],
+                 cached: tuple[float, float], full_blocks: int) -> Verdict:
     """C25's second half from /metrics: KV blocks used before a stream, while it ran, and after its client went
     away; how many requests the server counted cancelled meanwhile; how long after the client closed the blocks were
-    free (None: not within the wait); the stream's decode step (s); and how many tokens its answer had left."""
+    free (None: not within the wait); the stream's decode step (s); and how many tokens its answer had left. And the
+    pool's accounting: KV blocks free and blocks only the prefix cache holds, (before, after) each; `full_blocks`, the
+    full blocks the request's tokens filled by the close (its prompt and the tokens made, over the block size). Every
+    block the request held must be back: free again, or kept by the prefix cache (used + cached + free the same before
+    and after), and the cache may keep at most its full blocks: a server that parked all of a cancelled request's
+    blocks in the cache, its partly filled last one too, or lost some, fails."""
     would_be_s = tokens_left * step_s
     bound_s = max(CANCEL_STEPS * step_s, CANCEL_FLOOR_S)
     soon = freed_after_s is not None and freed_after_s <= bound_s and freed_after_s <= CANCEL_SHARE * would_be_s
     freed = "not within the wait" if freed_after_s is None else \
         f"{freed_after_s * 1e3:.0f} ms ({freed_after_s / step_s:.1f} decode steps of {step_s * 1e3:.0f} ms)"
-    return claim("C25", blocks_during > blocks_before and blocks_after <= blocks_before and cancelled >= 1 and soon,
+    kept = cached[1] - cached[0]
+    balanced = blocks_before + cached[0] + free[0] == blocks_after + cached[1] + free[1]
+    kept_full = 0 <= kept <= full_blocks
+    return claim("C25", blocks_during > blocks_before and blocks_after <= blocks_before and cancelled >= 1 and soon
+                 and balanced and kept_full,
                  f"KV blocks used: {blocks_before:.0f} before, {blocks_during:.0f} while the stream ran, "
                  f"{blocks_after:.0f} once its client went away; requests cancelled: {cancelled:.0f}; blocks free "
                  f"{freed} after the client closed (at most {bound_s * 1e3:.0f} ms), where the {tokens_left} tokens "
-                 f"left of its answer would have taken {would_be_s:.1f} s")
+                 f"left of its answer would have taken {would_be_s:.1f} s; free {free[0]:.0f} -> {free[1]:.0f}, kept "
+                 f"by "
+                 f"the prefix cache {cached[0]:.0f} -> {cached[1]:.0f} ({kept:+.0f}, at most the request's "
+                 f"{full_blocks} full block(s)); used + cached + free {blocks_before + cached[0] + free[0]:.0f} -> "
+                 f"{blocks_after + cached[1] + free[1]:.0f} (every block accounted for: {balanced})")
 
 
 def prefix_claim(shared_cached: list[int], fresh_cached: list[int], prompt_tokens: int, block_size: int,
