@@ -94,12 +94,13 @@ def passage_and_reference(real, scratch):
 def _int8_evidence(scratch, passage, reference):
     from llm_anatomy.measure.quality import greedy_agreement, logit_kl
 
-    with q.quantize_model_weights(scratch, "int8", 32, head_fmt="int8"), torch.no_grad():
+    with q.quantize_model_weights(scratch, "int8", 32, head_fmt="int8") as changed, torch.no_grad():
         logits = scratch(passage)
     per_token = {"fp32": q.weight_bytes_per_token(scratch, "fp32"), "int8": q.weight_bytes_per_token(scratch, "int8"),
                  "int4": q.weight_bytes_per_token(scratch, "int4", 32, head_fmt="int8")}
     return q.quantization_evidence(per_token, per_token, logit_kl(reference, logits),
-                                   greedy_agreement(reference.argmax(-1), logits.argmax(-1)))
+                                   greedy_agreement(reference.argmax(-1), logits.argmax(-1)), changed=changed,
+                                   should_change=q.linear_weight_count(scratch.cfg))
 
 
 def test_int8_meets_its_quality_bar(scratch, passage_and_reference):
@@ -113,5 +114,12 @@ def test_the_quality_check_fails_for_truncated_int8(scratch, passage_and_referen
         scale = w.abs().amax(dim=1) / 127
         return (w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale  # .to(int8) truncates
     monkeypatch.setattr(q, "quantize_int8_per_channel", truncated)
+    with pytest.raises(ClaimFailed, match="C17 FAILED"):
+        claim("C17", *_int8_evidence(scratch, *passage_and_reference))
+
+
+@pytest.mark.counterfactual("C17", "a fake quantizer that changes nothing (every weight rounded to itself, real model)")
+def test_the_quality_check_fails_for_a_quantizer_that_changes_nothing(scratch, passage_and_reference, monkeypatch):
+    monkeypatch.setattr(q, "fake_quantize", lambda w, fmt, group_size=32: w.detach().clone())  # KL 0, all agree
     with pytest.raises(ClaimFailed, match="C17 FAILED"):
         claim("C17", *_int8_evidence(scratch, *passage_and_reference))

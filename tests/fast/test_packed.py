@@ -144,6 +144,46 @@ def test_the_speed_claim_fails_when_its_evidence_does():
     assert not holds and "no packed kernel" in evidence
 
 
+def test_the_speed_verdict_asserts_on_a_cpu_and_on_a_gpu_step_that_reads_its_bytes():
+    from llm_anatomy.claims import claim
+
+    kernels, ref = {"int8": "torch._weight_int8pack_mm"}, packed.FUSED_FP32
+    size = {ref: 540e6, "int8": 136e6}
+    kind, *verdict = packed.packed_speed_verdict({ref: 0.06, "int8": 0.03}, kernels, size, on_gpu=False)
+    assert kind == "claim"
+    claim("C17", *verdict)
+    # a GPU at 3 TB/s: 540 MB take 0.18 ms; a step of 0.25 ms reads them near the bandwidth, so it is asserted
+    kind, *verdict = packed.packed_speed_verdict({ref: 2.5e-4, "int8": 1.2e-4}, kernels, size, on_gpu=True,
+                                                 bandwidth=3e12)
+    assert kind == "claim"
+    claim("C17", *verdict)
+
+
+def test_the_speed_verdict_says_not_shown_where_it_cannot_show():
+    kernels, ref = {"int8": "torch._weight_int8pack_mm"}, packed.FUSED_FP32
+    size = {ref: 540e6, "int8": 136e6}
+    kind, why, _ = packed.packed_speed_verdict({ref: 0.06}, {}, size, on_gpu=False)
+    assert kind == "not_shown" and "no packed" in why
+    # a launch-bound GPU step: 2 ms for what 0.18 ms of bandwidth reads (11x), packed no faster
+    kind, why, _ = packed.packed_speed_verdict({ref: 2e-3, "int8": 2e-3}, kernels, size, on_gpu=True, bandwidth=3e12)
+    assert kind == "not_shown" and "launches" in why
+    with pytest.raises(CourseError):
+        packed.packed_speed_verdict({ref: 2e-3, "int8": 2e-3}, kernels, size, on_gpu=True)
+
+
+@pytest.mark.counterfactual("C17", "on a GPU step that reads its bytes, a packed kernel that saves no time")
+def test_the_gpu_speed_verdict_fails_when_packing_saves_nothing():
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    kernels, ref = {"int8": "torch._weight_int8pack_mm"}, packed.FUSED_FP32
+    size = {ref: 540e6, "int8": 136e6}
+    kind, *verdict = packed.packed_speed_verdict({ref: 2.5e-4, "int8": 2.5e-4}, kernels, size, on_gpu=True,
+                                                 bandwidth=3e12)
+    assert kind == "claim"
+    with pytest.raises(ClaimFailed, match="C17 FAILED"):
+        claim("C17", *verdict)
+
+
 # C17's speed half on the real model, timed as the notebook times it (time_decode_steps, packed_speed_evidence),
 # in the true world and in two worlds where packing saves nothing.
 class _DequantizesEachCall(packed.PackedProjection):
@@ -161,7 +201,9 @@ def _speed_check(real_scratch, chat_prompt, models, kernels):
     seconds = {name: t.min_s for name, t in timings.items()}
     size = {name: packed.decode_bytes_per_token(m, chat_prompt.shape[1])
             for name, m in {packed.FUSED_FP32: real_scratch, **models}.items()}
-    return claim("C17", *packed.packed_speed_evidence(seconds, kernels, size))
+    kind, *verdict = packed.packed_speed_verdict(seconds, kernels, size, on_gpu=False)  # as the notebook's CPU run
+    assert kind == "claim"
+    return claim("C17", *verdict)
 
 
 @pytest.fixture(scope="module")

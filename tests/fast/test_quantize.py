@@ -199,9 +199,9 @@ def _byte_counts(model):
 def test_the_byte_formula_equals_the_quantized_tensors_bytes(tiny_model):
     from llm_anatomy.claims import claim
 
-    _, per_token, stored = _byte_counts(tiny_model)
+    scratch, per_token, stored = _byte_counts(tiny_model)
     assert per_token == stored
-    claim("C17", *q.quantization_evidence(per_token, stored, kl8=0.005, agree8=0.96))
+    claim("C17", *q.quantization_evidence(per_token, stored, kl8=0.005, agree8=0.96, **_changed(scratch)))
 
 
 @pytest.mark.counterfactual("C17", "a byte count per token that forgets the LM head (or int8's scales)")
@@ -213,19 +213,54 @@ def test_the_quantization_check_fails_when_the_byte_formula_is_wrong(tiny_model,
     head_bytes = round(head * q.bytes_per_weight("int8", scratch.cfg.hidden_size))
     no_head = dict(per_token, int8=per_token["int8"] - head_bytes)
     with pytest.raises(ClaimFailed, match="C17 FAILED.*differ"):
-        claim("C17", *q.quantization_evidence(no_head, stored, kl8=0.005, agree8=0.96))
+        claim("C17", *q.quantization_evidence(no_head, stored, kl8=0.005, agree8=0.96, **_changed(scratch)))
     monkeypatch.setitem(q.bytes_per_weight.__globals__, "bytes_per_weight",
                         lambda fmt, in_features=None, group_size=32: {"int8": 1.0, "int4": 0.5, "fp32": 4.0}[fmt])
     no_scales = dict(per_token, int8=q.weight_bytes_per_token(scratch, "int8"))  # codes only: a weight a byte
     with pytest.raises(ClaimFailed, match="C17 FAILED"):
-        claim("C17", *q.quantization_evidence(no_scales, stored, kl8=0.005, agree8=0.96))
+        claim("C17", *q.quantization_evidence(no_scales, stored, kl8=0.005, agree8=0.96, **_changed(scratch)))
 
 
 @pytest.mark.counterfactual("C17", "int8 whose quality is past its bar (a KL that is only read would pass)")
 def test_the_quantization_check_fails_on_int8_quality_past_its_bar(tiny_model):
     from llm_anatomy.claims import ClaimFailed, claim
 
-    _, per_token, stored = _byte_counts(tiny_model)
+    scratch, per_token, stored = _byte_counts(tiny_model)
     for kl8, agree8 in [(0.019, 0.906), (0.08, 0.85)]:  # codes truncated; one scale a matrix (measured, real model)
         with pytest.raises(ClaimFailed, match="C17 FAILED"):
-            claim("C17", *q.quantization_evidence(per_token, stored, kl8, agree8))
+            claim("C17", *q.quantization_evidence(per_token, stored, kl8, agree8, **_changed(scratch)))
+
+
+def _changed(scratch) -> dict:
+    """quantize_model_weights' own count of the weights it changed (int8, an int8 head), and the formula's."""
+    with q.quantize_model_weights(scratch, "int8", 32, head_fmt="int8") as changed:
+        pass
+    return {"changed": changed, "should_change": q.linear_weight_count(scratch.cfg)}
+
+
+def test_the_quantizer_changes_every_linear_weight_the_formula_counts(tiny_model):
+    scratch = _byte_counts(tiny_model)[0]
+    assert _changed(scratch)["changed"] == q.linear_weight_count(scratch.cfg)
+    linears = sum(m.weight.numel() for m in scratch.modules() if isinstance(m, torch.nn.Linear))
+    assert q.linear_weight_count(scratch.cfg) == linears  # the blocks' Linear layers and the head: all of them
+
+
+@pytest.mark.counterfactual("C17", "a quantizer that changes nothing (weights restored before the forward: KL 0)")
+def test_the_quantization_check_fails_for_a_quantizer_that_changed_nothing(tiny_model):
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    scratch, per_token, stored = _byte_counts(tiny_model)
+    with pytest.raises(ClaimFailed, match="C17 FAILED"):  # the reviewer's world: KL 0, every top token the same
+        claim("C17", *q.quantization_evidence(per_token, stored, 0.0, 1.0, **_changed(scratch)))
+
+
+@pytest.mark.counterfactual("C17", "a quantizer that skips some Linear layers (the MLP's, or the head)")
+def test_the_quantization_check_fails_for_a_quantizer_that_skips_layers(tiny_model):
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    scratch, per_token, stored = _byte_counts(tiny_model)
+    with q.quantize_model_weights(scratch, "int8", 32) as no_head:  # no head_fmt: the head stays fp32
+        pass
+    with pytest.raises(ClaimFailed, match="C17 FAILED"):
+        claim("C17", *q.quantization_evidence(per_token, stored, 0.005, 0.96, changed=no_head,
+                                              should_change=q.linear_weight_count(scratch.cfg)))

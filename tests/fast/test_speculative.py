@@ -298,3 +298,87 @@ def test_the_rule_check_fails_when_rejections_resample_from_p():
     found = rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0), rule=_resample_from_p)
     with pytest.raises(ClaimFailed, match="C18 FAILED"):
         claim("C18", found.holds, found.evidence())
+
+
+def _never_keep(logits, drafts, q, settings, generator):
+    """A greedy verifier that keeps no draft: the model's own token every round, plain decoding at one pass a token."""
+    return 0, int(logits[0].argmax())
+
+
+REPEATING = torch.tensor([[5, 9, 17, 4, 5, 9, 17, 4, 5, 9, 17, 4]])  # prompt lookup finds drafts; the tiny model keeps them
+
+
+def _lookup_evidence(model):
+    from llm_anatomy.fast.speculative import counted_passes, greedy_speculation_evidence
+
+    plain = generate_greedy(model, REPEATING, 20).tokens[0].tolist()
+    run, passes = counted_passes(model, lambda: speculative_generate(model, REPEATING, 20, PromptLookupDraft(), 8))
+    return plain, run, passes, greedy_speculation_evidence
+
+
+def test_greedy_prompt_lookup_takes_fewer_passes_than_tokens():
+    from llm_anatomy.claims import claim
+
+    model = ScratchLlama.from_hf(random_llama("tiny", "cpu", seed=3))
+    plain, run, passes, evidence = _lookup_evidence(model)
+    assert passes == 1 + run.rounds and run.rounds < len(run.tokens) - 1  # measured: 11 passes for 20 tokens
+    claim("C18", *evidence(plain, {"prompt lookup": run.tokens}, run, passes))
+
+
+@pytest.mark.counterfactual("C18", "a greedy verifier that never keeps a draft (plain decoding, one pass a token)")
+def test_the_greedy_check_fails_when_the_verifier_keeps_no_draft(monkeypatch):
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast import speculative
+
+    model = ScratchLlama.from_hf(random_llama("tiny", "cpu", seed=3))
+    monkeypatch.setattr(speculative, "_verify", _never_keep)
+    plain, run, passes, evidence = _lookup_evidence(model)
+    assert run.tokens[:len(plain)] == plain  # the tokens are right: only the pass count tells
+    with pytest.raises(ClaimFailed, match="C18 FAILED.*not fewer"):  # measured: 20 passes for 20 tokens
+        claim("C18", *evidence(plain, {"prompt lookup": run.tokens}, run, passes))
+
+
+@pytest.mark.counterfactual("C18", "drafts verified one pass each instead of together in one pass a round")
+def test_the_greedy_check_fails_when_each_draft_takes_its_own_pass():
+    from llm_anatomy.claims import ClaimFailed, claim
+
+    model = ScratchLlama.from_hf(random_llama("tiny", "cpu", seed=3))
+    plain, run, passes, evidence = _lookup_evidence(model)
+    with pytest.raises(ClaimFailed, match="C18 FAILED.*did not"):  # a pass per drafted token on top of each round's
+        claim("C18", *evidence(plain, {"prompt lookup": run.tokens}, run, passes + run.drafted))
+
+
+@pytest.mark.counterfactual("C18", "a sampling rule that never keeps a draft and draws every token from p")
+def test_the_rule_check_fails_when_no_draft_is_ever_kept():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.sampling_check import rule_check
+
+    p, near, bad = _distributions()
+
+    def never_keeps(p, q, drafts, generator=None):  # its tokens follow p exactly: only the acceptance tells
+        return torch.zeros(drafts.shape, dtype=torch.bool), torch.multinomial(p, drafts.numel(), True, generator=generator)
+    found = rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0), rule=never_keeps)
+    assert all(t.p_value > 1e-3 for t in found.tests.values())
+    with pytest.raises(ClaimFailed, match="C18 FAILED"):
+        claim("C18", found.holds, found.evidence())
+
+
+@pytest.mark.counterfactual("C18", "a sampling rule that keeps too many drafts (min(1, 2 p / q))")
+def test_the_rule_check_fails_when_drafts_are_kept_too_often():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.sampling_check import rule_check
+
+    p, near, bad = _distributions()
+
+    found = rule_check(p, {"near": near, "bad": bad}, generator=torch.Generator().manual_seed(0), rule=_keep_twice)
+    with pytest.raises(ClaimFailed, match="C18 FAILED"):
+        claim("C18", found.holds, found.evidence())
+
+
+def _keep_twice(p, q, drafts, generator=None):
+    """Keep x with probability min(1, 2 p(x) / q(x)), else draw from max(p - q, 0): too many drafts kept."""
+    u = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
+    accepted = u * q.double()[drafts] < 2 * p.double()[drafts]
+    residual = (p - q).clamp(min=0).double()
+    resampled = torch.multinomial(residual / residual.sum(), drafts.numel(), True, generator=generator)
+    return accepted, torch.where(accepted, drafts, resampled)

@@ -161,6 +161,7 @@ def test_the_equality_check_fails_without_the_rescale(monkeypatch):
 
 
 LENGTHS = [128, 256, 512, 1024]
+HELD = (4 * 32 + 2 * 2 * 32) * 4  # bytes a token's output (4 heads) and keys and values (2 KV heads) take, d = 32, fp32
 
 
 def _peaks(tiled_fn):
@@ -176,7 +177,7 @@ def test_the_memory_check_holds_for_tiled_attention():
     from llm_anatomy.claims import claim
     from llm_anatomy.fast.tiled_attention import memory_growth_evidence
 
-    claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(tiled_attention)))
+    claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(tiled_attention), held_per_token=HELD))
 
 
 @pytest.mark.counterfactual("C19", "a 'tiled' attention that materializes the whole score matrix")
@@ -187,7 +188,7 @@ def test_the_memory_check_fails_for_a_tiling_that_materializes_the_scores():
     def whole_matrix(q, k, v, *, block_q=128, block_k=128):  # computes every score at once, then returns in tiles
         return attention(q, k, v)
     with pytest.raises(ClaimFailed, match="C19 FAILED"):
-        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(whole_matrix)))
+        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(whole_matrix), held_per_token=HELD))
 
 
 @pytest.mark.counterfactual("C19", "a tiled attention whose tile of queries spans the whole prompt (block_q = n)")
@@ -198,4 +199,16 @@ def test_the_memory_check_fails_when_a_tile_spans_the_prompt():
     def one_tile(q, k, v, *, block_q=128, block_k=128):  # a tile as large as the prompt: scores [n, n] at once
         return tiled_attention(q, k, v, block_q=q.shape[2], block_k=k.shape[2])
     with pytest.raises(ClaimFailed, match="C19 FAILED"):
-        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(one_tile)))
+        claim("C19", *memory_growth_evidence(LENGTHS, *_peaks(one_tile), held_per_token=HELD))
+
+
+@pytest.mark.counterfactual("C19", "a 'tiled' attention that ignores block_k: each tile of queries scores every key")
+def test_the_memory_check_fails_when_the_keys_are_not_tiled():
+    from llm_anatomy.claims import ClaimFailed, claim
+    from llm_anatomy.fast.tiled_attention import memory_growth_evidence
+
+    def keys_whole(q, k, v, *, block_q=128, block_k=128):  # linear in n too, but a slab of [block_q, n] scores a tile
+        return tiled_attention(q, k, v, block_q=block_q, block_k=k.shape[2])
+    plain, tiled = _peaks(keys_whole)
+    with pytest.raises(ClaimFailed, match="C19 FAILED.*bar 2x"):
+        claim("C19", *memory_growth_evidence(LENGTHS, plain, tiled, held_per_token=HELD))

@@ -258,6 +258,36 @@ def packed_speed_evidence(seconds: dict[str, float], kernels: dict[str, str], by
             "; ".join(parts) + f" (the bar: at most {margin:.2f}x, with the same fusion and SDPA attention)")
 
 
+# A step that takes more than this many times its bytes over the device's bandwidth is not bound by reading its
+# weights (on a GPU, a decode step of this small model is bound by kernel launches): fewer bytes cannot show there.
+LAUNCH_BOUND_FACTOR = 2.0
+
+
+def packed_speed_verdict(seconds: dict[str, float], kernels: dict[str, str], bytes_per_token: dict[str, int],
+                         on_gpu: bool, bandwidth: float | None = None,
+                         reference: str = FUSED_FP32) -> tuple[str, str, str]:
+    """What notebook 09 shows of C17's speed half here: ("claim", holds, evidence) to assert packed_speed_evidence,
+    or ("not_shown", why, what would show it). Not shown where no packed kernel runs, and on a GPU where the
+    reference step is launch-bound: it took more than LAUNCH_BOUND_FACTOR times its bytes over `bandwidth` (bytes/s,
+    measured; needed on a GPU), so reading fewer bytes cannot shorten it. Elsewhere (a CPU with a kernel, or a GPU
+    step that reads its bytes near the bandwidth) the claim is asserted, with the same bar on both."""
+    holds, evidence = packed_speed_evidence(seconds, kernels, bytes_per_token, reference)
+    would = ("a device with a packed int8 or int4 kernel that reads the codes, on which the fp32 step reads its "
+             "weights near the memory bandwidth (a CPU with PyTorch's packed kernels, or a larger model on a GPU)")
+    if not kernels:  # nothing packed ran (a kernel that ran but reads no codes is asserted, and fails)
+        return "not_shown", "no packed int8 or int4 kernel runs on this device and PyTorch build", would
+    if on_gpu:
+        if bandwidth is None or bandwidth <= 0:
+            raise CourseError("On a GPU, give the measured bandwidth (bytes/s) to tell a launch-bound step.")
+        floor = bytes_per_token[reference] / bandwidth
+        if seconds[reference] > LAUNCH_BOUND_FACTOR * floor:
+            return ("not_shown", f"the {reference} step took {seconds[reference] * 1e3:.3f} ms, "
+                    f"{seconds[reference] / floor:.1f}x the {floor * 1e3:.3f} ms its {bytes_per_token[reference] / 1e6:.0f} "
+                    f"MB take at {bandwidth / 1e9:.0f} GB/s (bar {LAUNCH_BOUND_FACTOR:.0f}x): it is bound by kernel "
+                    "launches, not by its bytes, so fewer bytes cannot make it faster", would)
+    return "claim", holds, evidence
+
+
 def token_agreement(model, prompt: torch.Tensor, reference: torch.Tensor) -> dict:
     """The model's greedy tokens after `prompt` [1, seq] against `reference` [n] (the fp32 model's, on the CPU):
     equal for how many from the start, whether the first 32 are, and the share of positions that agree."""

@@ -99,16 +99,37 @@ class RuleCheck:
     tests: dict[str, ChiSquared]
     acceptance: dict[str, float]
     control: ChiSquared  # the wrong rule (resample from p) on the last draft: the test must catch it
+    expected: dict[str, float] = None  # each draft's acceptance by theory, sum over x of min(p(x), q(x))
+    draws: int = 0
+
+    def acceptance_off(self, name: str) -> float:
+        """How many standard errors draft `name`'s measured acceptance lies from sum min(p, q) (one draw's error
+        at least: a rate of exactly 0 or 1 has none)."""
+        a = self.expected[name]
+        se = max((a * (1 - a) / self.draws) ** 0.5, 1 / self.draws)
+        return abs(self.acceptance[name] - a) / se
 
     @property
     def holds(self) -> bool:
-        """Every draft's tokens pass (p > 0.001), and the wrong rule's fail (p < 1e-6): the test can tell."""
-        return all(t.p_value > 1e-3 for t in self.tests.values()) and self.control.p_value < 1e-6
+        """Every draft's tokens pass (p > 0.001), each draft is kept as often as the rule says (within
+        ACCEPTANCE_SE standard errors of sum min(p, q): a rule that never keeps a draft, drawing every token from p,
+        passes the first test and fails this one), and the wrong rule's tokens fail (p < 1e-6): the test can tell."""
+        return (all(t.p_value > 1e-3 for t in self.tests.values()) and self.control.p_value < 1e-6
+                and all(self.acceptance_off(name) <= ACCEPTANCE_SE for name in self.tests))
 
     def evidence(self) -> str:
         return ("with good and bad drafts the samples follow the model's distribution (p-values "
                 + ", ".join(f"{name} {t.p_value:.2g}" for name, t in self.tests.items())
-                + f"; each must be above 0.001); the wrong rule is caught ({self.control.p_value:.0e}, below 1e-6)")
+                + "; each must be above 0.001); each draft kept as often as sum min(p, q) says ("
+                + ", ".join(f"{self.acceptance[n]:.3f} against {self.expected[n]:.3f}, {self.acceptance_off(n):.1f} "
+                            "standard errors" for n in self.tests)
+                + f"; bar {ACCEPTANCE_SE}); the wrong rule is caught ({self.control.p_value:.0e}, below 1e-6)")
+
+
+# How far a draft's measured acceptance may lie from sum min(p, q), in standard errors of `draws` Bernoulli trials.
+# Under the true rule the deviation is a standard normal: 5 is passed once in about 1.7 million checks. A rule that
+# never keeps a draft lies 0.9 / 0.002 = hundreds of standard errors off at 20,000 draws (the notebook's int8 draft).
+ACCEPTANCE_SE = 5.0
 
 
 def rule_check(p: torch.Tensor, drafts_q: dict[str, torch.Tensor], draws: int = 20_000, generator=None,
@@ -119,11 +140,12 @@ def rule_check(p: torch.Tensor, drafts_q: dict[str, torch.Tensor], draws: int = 
     from . import speculative
 
     rule = rule or speculative.accept_or_resample
-    tests, acceptance = {}, {}
+    tests, acceptance, expected = {}, {}, {}
     for name, q in drafts_q.items():
         accepted, tokens = rule(p, q, torch.multinomial(q, draws, replacement=True, generator=generator), generator)
         tests[name], acceptance[name] = chi_squared_test(tokens, p), float(accepted.float().mean())
+        expected[name] = float(torch.minimum(p.double(), q.double()).sum())  # P(keep) = sum_x q(x) min(1, p(x)/q(x))
     last = list(drafts_q.values())[-1]
     drafts = torch.multinomial(last, draws, replacement=True, generator=generator)
     _, wrong = _resample_from_p(p, last, drafts, generator)
-    return RuleCheck(tests, acceptance, chi_squared_test(wrong, p))
+    return RuleCheck(tests, acceptance, chi_squared_test(wrong, p), expected, draws)

@@ -295,3 +295,34 @@ def same_greedy_tokens(plain: list[int], others: dict[str, list[int]]) -> tuple[
     return not differ, (f"{len(plain)} greedy tokens identical: plain decoding and " + ", ".join(others)
                         if not differ else f"{len(plain)} plain greedy tokens; differ from them: "
                         + ", ".join(f"{name} (from token {i})" for name, i in differ.items()))
+
+
+def counted_passes(model, run):
+    """(run(), how many passes of `model` ran during it): each pass embeds its tokens once, so this counts the calls
+    of model.embed_tokens. Use it with a draft that does not share the model's embedding (prompt lookup): a
+    layer-skipping draft's passes would count too."""
+    calls = [0]
+    handle = model.embed_tokens.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    try:
+        result = run()
+    finally:
+        handle.remove()
+    return result, calls[0]
+
+
+def greedy_speculation_evidence(plain: list[int], others: dict[str, list[int]], result: SpeculativeResult,
+                                passes: int) -> tuple[bool, str]:
+    """C18's greedy half in full: (every run in `others` gives the plain greedy tokens (same_greedy_tokens), and the
+    speculative `result` took fewer passes of the model than plain decoding would, the evidence). passes: the model's
+    passes counted during `result`'s run (counted_passes). Plain decoding makes one token a pass after the prefill's
+    first, len(tokens) - 1 passes; so must speculation hold passes == 1 + rounds (the prefill, then one verify pass a
+    round: the drafts checked together, not one pass each) and rounds < len(tokens) - 1 (some drafts kept). A verifier
+    that keeps no draft gives the plain tokens at one pass a token, and fails the second."""
+    same, evidence = same_greedy_tokens(plain, others)
+    one_pass_a_round = passes == 1 + result.rounds
+    fewer = result.rounds < len(result.tokens) - 1
+    return (same and one_pass_a_round and fewer,
+            evidence + f"; the model ran {passes} passes for {len(result.tokens)} tokens: the prefill and "
+            f"{result.rounds} rounds of one verify pass each" + ("" if one_pass_a_round else " (it did not)")
+            + f", {'fewer' if fewer else 'not fewer'} than plain decoding's {len(result.tokens) - 1} after the prefill "
+            f"({result.acceptance_rate:.0%} of the drafts examined kept)")

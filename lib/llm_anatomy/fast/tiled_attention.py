@@ -147,12 +147,23 @@ def per_token_growth(lengths: list[int], peaks: list[float]) -> list[float]:
     return [(b - a) / (m - n) for a, b, n, m in zip(peaks, peaks[1:], lengths, lengths[1:])]
 
 
-def memory_growth_evidence(lengths: list[int], plain_peak: list[float], tiled_peak: list[float]) -> tuple[bool, str]:
+# The tiled call's bytes per extra token may be at most this many times what it must hold per token (its output and
+# the keys and values it reads). Measured on the CPU (fp32, 9 query heads, 3 KV heads, head_dim 64: 3.8 kB a token
+# held): tiled with 256-key tiles 2.3 kB a token; a "tiled" call that ignores block_k and keeps a tile of queries'
+# scores against every key (no online softmax) 30.2 kB, 8x what it holds.
+TILED_PER_TOKEN_BOUND = 2.0
+
+
+def memory_growth_evidence(lengths: list[int], plain_peak: list[float], tiled_peak: list[float], *,
+                           held_per_token: float) -> tuple[bool, str]:
     """C19's memory: (whether it holds, the evidence). Peak bytes of one attention call at each prompt length (at
     least three lengths, each about twice the one before). Holds when the tiled call's cost per extra token is flat
     (positive, every step within 1.5x of the smallest: linear), the plain call's grows by at least 1.5x from step to
     step (quadratic: it doubles when the length doubles), and at the longest prompt the tiled call needs at most a
     tenth of the plain peak. A "tiled" attention that builds the whole score matrix grows like the plain one and fails.
+    held_per_token: the bytes a token's output and its keys and values take (num_heads * head_dim + 2 * num_kv_heads *
+    head_dim elements): the tiled call's cost per extra token must also stay within TILED_PER_TOKEN_BOUND times it, or
+    a call that keeps a slab of scores against every key (linear too, at a long enough length) would pass.
     """
     if len(lengths) < 3 or len(lengths) != len(plain_peak) or len(lengths) != len(tiled_peak):
         raise CourseError("Give at least three lengths, with one plain and one tiled peak for each.")
@@ -161,10 +172,13 @@ def memory_growth_evidence(lengths: list[int], plain_peak: list[float], tiled_pe
     quadratic = all(b >= 1.5 * a > 0 for a, b in zip(plain, plain[1:]))  # the cost per token grows with n
     share = tiled_peak[-1] / plain_peak[-1]
     spread = max(tiled) / min(tiled) if min(tiled) > 0 else float("inf")
-    return (linear and quadratic and share <= 0.1,
+    small = max(tiled) <= TILED_PER_TOKEN_BOUND * held_per_token
+    return (linear and quadratic and share <= 0.1 and small,
             f"from {lengths[0]} to {lengths[-1]} tokens, each extra token cost the tiled call "
             f"{', '.join(f'{s / 1e3:.1f}' for s in tiled)} kB (within {spread:.2f}x "
-            f"from one length to the next; linear means within 1.5x), and the plain call "
+            f"from one length to the next; linear means within 1.5x; at most {max(tiled) / held_per_token:.2f}x the "
+            f"{held_per_token / 1e3:.1f} kB a token's output, keys and values take, bar {TILED_PER_TOKEN_BOUND:.0f}x), "
+            f"and the plain call "
             f"{', '.join(f'{s / 1e3:.0f}' for s in plain)} kB (quadratic: growing 1.5x or more a step); "
             f"at {lengths[-1]} "
             f"tokens tiled needs {share:.3f} of the plain peak (bar 0.1)")
