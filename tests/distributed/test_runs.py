@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from llm_anatomy.device import torch_threads
-from llm_anatomy.distributed.collectives import (SMALL_TP2, check_latency_bound, fit_link, predict_from_shard,
-                                                 tp_step_collectives)
+from llm_anatomy.distributed.collectives import (BYTES_MARGIN, SMALL_TP2, check_latency_bound, fit_link,
+                                                 free_cores_for, predict_from_shard, tp_step_collectives)
 from llm_anatomy.distributed.launch import run_ranks
 from llm_anatomy.distributed.pipeline import bubble_fraction, measured_bubble
 from llm_anatomy.distributed.runs import cost_run, pipeline_run, tp_run
@@ -112,15 +112,20 @@ def test_the_cost_run_times_the_sweep_and_both_steps(plain):
 
 def test_the_small_models_tp2_cost_run_gives_a_latency_bound_prediction():
     """Notebook 10's C22 run, shortened: 2 ranks of the small random-weight model; the prediction from the fastest
-    repeats holds the claim (measured at load 12: latency 11.7 ms, against 4.4 ms of compute saved and 0.015 ms of bytes)."""
+    repeats holds the claim where each rank has a free core (the gate, read from the machine before the run), and is
+    amber otherwise, as on this 2-core machine (measured at load 12: latency 11.7 ms, against 4.4 ms of compute saved
+    and 0.015 ms of bytes, but the latency there is the OS's time slice)."""
     cfg = ScratchConfig(**SMALL_TP2)
+    shown, why = free_cores_for(2)
     ranks = run_ranks(cost_run, 2, cfg, RandomWeights(cfg, 0), [4, 2304, 65536], 5, 4, timeout_s=60)
     first = ranks[0]
     assert len(first["shard_s"]) == len(first["alone_s"]) == 4 and ranks[1]["shard_s"] == []
     calls = tp_step_collectives(cfg, 2)
     predicted = predict_from_shard(min(first["alone_s"]), min(first["shard_s"]), calls,
                                    fit_link(first["sweep"], pick=min))
-    assert check_latency_bound(predicted, len(calls)).passed
+    verdict = str(check_latency_bound(predicted, len(calls), shown, why))
+    assert ("C22 holds" in verdict) if shown else ("C22 not shown" in verdict)  # amber on a 2-core machine
+    assert predicted["latency_s"] >= BYTES_MARGIN * predicted["bytes_s"]  # the plumbing: latency-bound messages
 
 
 def test_the_serial_engine_waits_for_the_last_stage_before_each_micro_batch():

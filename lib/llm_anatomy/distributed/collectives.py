@@ -206,16 +206,41 @@ def predict_from_shard(alone_s: float, shard_s: float, collectives: list[tuple[s
             "total_s": shard_s + latency + sent, "alone_s": alone_s}
 
 
-def check_latency_bound(predicted: dict, collectives: int):
+def check_latency_bound(predicted: dict, collectives: int, shown: bool, why: str):
     """C22, the prediction: the step's collectives cost their latency, not their bytes (latency term >= BYTES_MARGIN x
     bytes term), and that latency outweighs the compute TP divides away (latency term > saved_s), so TP makes the
-    step slower. predicted: predict_from_shard's. A green line, or ClaimFailed."""
+    step slower. predicted: predict_from_shard's. A green line, the amber not_shown line, or ClaimFailed.
+
+    shown, why: free_cores_for's verdict, taken from the machine (its cores, affinity and load) BEFORE the ranks ran,
+    never from their result. The fitted latency is a link's latency only where each rank had a core of its own: where
+    the ranks took turns on the cores, an all-reduce waits for the other rank to be scheduled, and the "latency" is
+    the OS's time slice (0.19-0.23 ms measured on this 2-core machine at load 11-12; gloo on loopback, with a core per
+    rank, gets down to some 0.02 ms, SMALL_TP2's comment). Then the cell says not shown, with the numbers, never "holds".
+
+    What the claim asserts, and what it does not: latency >> bytes and latency > the compute TP saves, i.e. the
+    collectives, by their latency, are why TP makes a small model's decode step slower. It does not assert that the
+    latency is most (or any fixed share) of the step: the share is printed, not asserted. A share threshold was
+    considered and rejected: a fast link (gloo on an idle many-core CPU, or NCCL between 2 GPUs: tens of microseconds an
+    all-reduce, against a shard's step of some 1,200 small ops or kernels) leaves the latency a fifth of the step or
+    less while the claim, as worded, is true there (TP is still slower, and for this reason); a share test would turn
+    that true world red. The worlds that make the claim false are the bytes winning (no latency, or messages
+    miscounted large) and the saved compute winning (a wide model): those fail here (tests/distributed/
+    test_collectives.py)."""
     latency, sent, saved = predicted["latency_s"], predicted["bytes_s"], predicted["saved_s"]
+    total, shard = predicted["total_s"], predicted["compute_s"]
+    share = latency / total if total > 0 else 0.0
+    sets = "the collectives' latency" if latency >= shard else "the shard's own compute"
+    numbers = (f"the step's {collectives} collectives: latency {latency * 1e3:.2f} ms against their bytes "
+               f"{sent * 1e3:.3f} ms ({latency / max(sent, 1e-12):,.0f}x) and against the compute TP divides away "
+               f"{saved * 1e3:.2f} ms (one device {predicted['alone_s'] * 1e3:.2f} ms, one rank's shard "
+               f"{shard * 1e3:.2f} ms)")
+    if not shown:
+        return not_shown("C22", f"{why}: the ranks took turns on the cores, so the fitted all-reduce latency is the "
+                                f"operating system sharing them, not a link ({numbers})",
+                         "a machine with at least 3 free CPU cores (2 ranks + this kernel), or 2 GPUs (NCCL)")
     return claim("C22", latency >= BYTES_MARGIN * sent and latency > saved,
-                 f"the step's {collectives} collectives: latency {latency * 1e3:.2f} ms against their bytes "
-                 f"{sent * 1e3:.3f} ms ({latency / max(sent, 1e-12):,.0f}x) and against the compute TP divides away "
-                 f"{saved * 1e3:.2f} ms (one device {predicted['alone_s'] * 1e3:.2f} ms, one rank's shard "
-                 f"{predicted['compute_s'] * 1e3:.2f} ms): the latency, not bytes or FLOPs, sets the TP step")
+                 f"{numbers}: the latency, not bytes, is what the collectives cost, and more than TP saves, so TP is "
+                 f"slower; the latency is {share:.0%} of the predicted step, the larger part of it {sets} ({why})")
 
 
 def free_cores_for(ranks: int, gpus: int = 0) -> tuple[bool, str]:
