@@ -17,7 +17,8 @@ C24: the stream is the decode loop. Its text (`stream_claim`): each chunk a clie
 C25: a bounded queue turns overload into fast refusals (`admission_claim`: some 429s, each answered in a fraction of
      an unloaded request's first token, and a lower p99 TTFT of the admitted than the unbounded queue's, which
      refused nobody), and a cancelled stream's KV blocks are free again within a few decode steps, long before its
-     answer would have ended (`cancel_claim`).
+     answer would have ended, every one of them free or kept by the prefix cache, which keeps at most its full
+     blocks (`cancel_claim`).
 C16 (notebook 08's claim, seen through the API, `prefix_claim`): every request whose prompt the prefix cache has seen
      reports its full blocks cached (`usage.prompt_tokens_details.cached_tokens`: every full block before the last
      prompt token), every request with a new one reports none, and the cached requests' median engine TTFT is at
