@@ -89,17 +89,18 @@ def test_the_pipeline_checks_read_wall_and_cpu_time():
 def test_micro_batches_fill_the_bubble_with_a_core_per_stage():
     verdict = check_micro_batches_fill(_runs(_four()), 2)
     assert verdict.passed and "C23 holds" in str(verdict) and "0.70x" in str(verdict)
-    assert check_micro_batches_fill(_runs(_four(1.5)), 2).passed  # another program burning one of the two cores
 
 
-@pytest.mark.counterfactual("C23", "both stages pinned to one core: no overlap possible")
-def test_stages_pinned_to_one_core_fail_the_claim():
-    """The wall-clock bubble of this world read 48/28/19% (each stage counted the other's turns as its own compute);
-    its makespan and the cores' worth computed at once cannot fall."""
+def test_stages_pinned_to_one_core_or_beside_a_burned_core_are_not_shown_never_hold():
+    """Stages that share one core (pinned, or other programs holding the second core) run on a core only part of
+    their compute time while both compute: a machine without a free core per stage, which cannot be told from one
+    another; amber, never green, never red (a run of notebook 10 at load 2-3 failed C23 before this gate). The
+    wall-clock bubble of the pinned world read 48/28/19% (each stage counted the other's turns as its own compute)."""
     pinned = _four(2.0)
     assert measured_bubble(pinned) < measured_bubble(_one_batch())  # the wall-clock bubble is fooled ...
-    with pytest.raises(ClaimFailed, match="C23 FAILED"):  # ... the check is not
-        check_micro_batches_fill(_runs(pinned), 2)
+    for four in (pinned, _four(1.5)):  # ... the check is not: 57% and 73% of the compute time on a core
+        verdict = str(check_micro_batches_fill(_runs(four), 2))
+        assert "C23 not shown on this machine" in verdict and "holds" not in verdict
 
 
 @pytest.mark.counterfactual("C23", "a pipeline that runs its micro-batches one after another through all stages")

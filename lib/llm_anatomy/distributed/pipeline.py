@@ -208,20 +208,30 @@ def check_micro_batches_fill(runs: dict[int, list[list[list[tuple]]]], stages: i
     (makespan) and that their stages computed more than PARALLEL cores' worth at once (parallelism): what no single
     core, and no engine that runs its micro-batches one after another through all stages, can do. Where a stage
     computing alone (m = 1) ran less than ALONE_SHARE of its wall time on a core, the machine had no free core per
-    stage: the amber not_shown line. A green line, the amber line, or ClaimFailed."""
+    stage, or where a stage ran less than ALONE_SHARE of its compute time on a core while the stages computed together
+    (the most micro-batches: other programs held the second core, or the stages were pinned to one): the amber
+    not_shown line. A green line, the amber line, or ClaimFailed."""
     if 1 not in runs or len(runs) < 2:
         raise CourseError("check_micro_batches_fill needs the runs of one batch (m = 1) and of more micro-batches.")
     most = max(runs)
     fastest = {m: min(reps, key=makespan) for m, reps in runs.items()}
     span = {m: makespan(run) for m, run in fastest.items()}
     cores = {m: parallelism(run) for m, run in fastest.items()}
-    share = min(stage_cpu(segments) / max(sum(seg[2] for seg in segments if seg[0] == "compute"), 1e-12)
-                for segments in fastest[1])
+    def on_core(run):  # the least share of its compute's wall time that a stage ran on a core
+        return min(stage_cpu(segments) / max(sum(seg[2] for seg in segments if seg[0] == "compute"), 1e-12)
+                   for segments in run)
+
+    # The gate: each stage had a core of its own both when computing alone (m = 1) and while the stages computed
+    # together (the most micro-batches). The second half was added after a run of notebook 10 on this shared 2-core
+    # machine (other programs at load 2-3) failed C23 where a lone stage got its core but the two stages did not get
+    # two: that world cannot be told from stages pinned to one core, so both are not shown, never failed. A pipeline
+    # that runs its micro-batches one after another keeps each stage on its core (share ~1) and still fails.
+    share = min(on_core(fastest[1]), on_core(fastest[most]))
     numbers = "; ".join(f"m = {m}: makespan {span[m] * 1e3:.0f} ms, {cores[m]:.2f} cores' worth at once"
                         for m in sorted(span))
     if share < ALONE_SHARE:
-        return not_shown("C23", f"a stage computing alone ran on a core only {share:.0%} of its time: this machine "
-                                f"had no free core per stage ({numbers})",
+        return not_shown("C23", f"a stage ran on a core only {share:.0%} of its compute time (alone, or beside the "
+                                f"other stage): this machine had no free core per stage ({numbers})",
                          f"a machine with a free core for each of the {stages} stages (idle, with {stages} cores or "
                          "more), or a GPU per stage")
     return claim("C23", span[most] < span[1] and cores[most] > PARALLEL,
