@@ -58,7 +58,7 @@ screenshots: model
 
 # The course on a busy machine: every notebook run idle, then with one and with both cores kept busy by other
 # processes (tools/busy_check.py). Every run must give the idle run's claim verdicts; the table of seconds (and the
-# ratio to idle, at most 2x with one core burned) is printed and kept in build/busy/table.md. About 40 minutes on 2 cores.
+# ratio to idle, at most 2x with one core burned) is printed and kept in build/busy/table.md. About 25 minutes on 2 cores.
 busy-check: model
 	$(BIN)/python tools/busy_check.py notebooks/[0-9][0-9]_*.ipynb --burn 1 --burn 2 --out build/busy
 
