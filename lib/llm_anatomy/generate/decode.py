@@ -256,4 +256,3 @@ class StaticDecoder:
             self.step()
             out.append(self.token.clone())
         return torch.cat(out, dim=1)
-
