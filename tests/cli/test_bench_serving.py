@@ -22,8 +22,8 @@ def test_json_has_every_figure(quick_json):
     for name in ("static", "continuous"):
         m = r[name]
         assert m["requests"] == r["trace"]["requests"] == 8
-        for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_req_s"):
-            assert positive(m[key]) or (key == "goodput_req_s" and m[key] == 0), (name, key)
+        for key in ("throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "request_goodput_req_s"):
+            assert positive(m[key]) or (key == "request_goodput_req_s" and m[key] == 0), (name, key)
         assert m["ttft_p50_s"] <= m["ttft_p99_s"] and m["tpot_p50_s"] <= m["tpot_p99_s"]
         assert m["itl_p50_s"] <= m["itl_p99_s"] and m["ttft_p50_s"] <= m["e2e_p50_s"] <= m["e2e_p99_s"]
     assert r["static"]["output_tokens"] == r["continuous"]["output_tokens"]

@@ -51,7 +51,7 @@ def test_metrics_by_hand():
     assert m["output_tokens"] == 6 and m["seconds"] == 6.0 and m["throughput_tok_s"] == 1.0
     assert m["ttft_p50_s"] == 1.0 and m["ttft_p99_s"] == pytest.approx(np.percentile([1.0, 1.0, 3.0], 99))
     assert m["tpot_p50_s"] == pytest.approx(1.25)  # (0.5 + 2.0) / 2: the one-token request has no TPOT
-    assert m["met_targets"] == 2 and m["goodput_req_s"] == pytest.approx(2 / 6)
+    assert m["met_targets"] == 2 and m["request_goodput_req_s"] == pytest.approx(2 / 6)
     assert m["itl_p50_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 50))  # every gap of every request
     assert m["itl_p99_s"] == pytest.approx(np.percentile([0.5, 0.5, 2.0], 99))
     assert m["e2e_p50_s"] == pytest.approx(2.0) and m["e2e_p99_s"] == pytest.approx(np.percentile([2, 1, 5], 99))

@@ -142,7 +142,7 @@ def _hit_sweep(tiny, prefix_cache=True, scheduler_class=ContinuousScheduler):
         r = sched.run([Request(system[:keep] + other[keep:] + [9, 10], 1, arrival_s=sched.now)])[0]
         rates.append(r.cached / len(r.prompt))
         ttfts.append(r.ttft_s)
-        prefilled.append(sum(c.tokens for c in sched.calls[calls:] if c.kind == "prefill"))
+        prefilled.append(sum(c.tokens for c in list(sched.calls)[calls:] if c.kind == "prefill"))
         cached.append(r.cached)
         lengths.append(len(r.prompt))
     return rates, ttfts, prefilled, cached, lengths

@@ -285,5 +285,5 @@ def test_schedule_books_blocks_but_runs_no_model(tiny):
     a, b = sched.submit(Request([5, 6, 7, 8, 9], 3)), sched.submit(Request([7, 8], 3))
     step = sched.schedule()
     assert step.admitted == [a, b] and step.preempted == [] and step.decoders == []
-    assert [(x.request, n) for x, n in step.chunks] == [(a, 5), (b, 1)] and sched.calls == []
+    assert [(x.request, n) for x, n in step.chunks] == [(a, 5), (b, 1)] and list(sched.calls) == []
     assert [len(x.blocks) for x in sched.running] == [2, 1] and sched.pool.allocator.num_free == 13

@@ -35,7 +35,7 @@ def test_the_summary_is_vllms_figures_from_the_clients_records():
     assert (out["completed"], out["failed"], out["refused_429"]) == (2, 1, 1)
     assert out["request_throughput"] == 0.5 and out["output_throughput"] == 5 / 4
     assert out["median_ttft_ms"] == pytest.approx(1100) and out["mean_itl_ms"] == pytest.approx(400 / 3)
-    assert out["goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
+    assert out["request_goodput"] == 0.25 and out["median_refusal_ms"] == pytest.approx(20)
     assert ok.tpot_s == pytest.approx(0.15) and ok.e2e_s == pytest.approx(0.5)
     assert out["p99_ttft_ms"] == pytest.approx(1982)  # linear between the two nearest, numpy's way
     assert out["p99_tpot_ms"] == pytest.approx(100 + 0.99 * 50)  # between 0.1 and 0.15 s

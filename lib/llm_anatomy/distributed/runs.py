@@ -17,7 +17,8 @@ from ..generate.decode import decode_step, generate_greedy, prefill
 from .collectives import time_all_reduce
 from .launch import rank_device
 from .pipeline import pipeline_stage, run_stage
-from .tensor_parallel import (Communicator, checkpoint_name, checkpoint_reader, reader_for, tensor_parallel_llama,
+from ..weights.load import checkpoint_name
+from .tensor_parallel import (Communicator, checkpoint_reader, reader_for, tensor_parallel_llama,
                               weight_bytes)
 
 

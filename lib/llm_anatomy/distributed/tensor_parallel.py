@@ -30,6 +30,7 @@ from ..claims import claim
 from ..device import timed
 from ..errors import CourseError
 from ..model.scratch import ScratchConfig, ScratchLlama
+from ..weights.load import checkpoint_name
 
 COLUMN, ROW = 0, 1  # the dim of a stored weight [out, in] that a split cuts: outputs (and vocabulary) or inputs
 SPLITS = {"q_proj": COLUMN, "k_proj": COLUMN, "v_proj": COLUMN, "gate_proj": COLUMN, "up_proj": COLUMN,
@@ -185,11 +186,6 @@ class VocabParallelLMHead(nn.Linear):
 
 
 # --------------------------------------------------------------------------- one rank's model
-
-
-def checkpoint_name(name: str) -> str:
-    """The checkpoint's (transformers') name of our parameter `name`."""
-    return name if name == "lm_head.weight" else f"model.{name}"
 
 
 def checkpoint_reader(folder: str | Path):

@@ -188,6 +188,19 @@ def end_to_end_s(arrival_s: float, token_times) -> float:
     return _token_times(token_times)[-1] - arrival_s
 
 
+def met_objectives(ttft_s: float, tpot_s: float, ttft_slo_s: float | None = None,
+                   tpot_slo_s: float | None = None) -> bool:
+    """Whether a request met both latency objectives (DistServe's SLOs): TTFT <= ttft_slo_s and TPOT <= tpot_slo_s.
+    A None objective is always met, and so is the TPOT of an answer of one token (it has none: 0 or NaN).
+
+    The one test behind both goodputs the course reports: vLLM's `bench serve` "request goodput" (requests per second
+    of one run that met both: serve/metrics.serving_metrics, server/client.summarize) and DistServe's goodput (the
+    highest arrival rate at which at least 90% of requests meet both: serve/load.goodput_rate)."""
+    ttft_ok = ttft_slo_s is None or ttft_s <= ttft_slo_s
+    tpot_ok = tpot_slo_s is None or math.isnan(tpot_s) or tpot_s <= tpot_slo_s
+    return ttft_ok and tpot_ok
+
+
 @dataclass
 class GenerationTiming:
     """TTFT and time per output token (the median decode step) of one generation, seconds."""

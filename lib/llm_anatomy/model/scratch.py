@@ -22,7 +22,7 @@ from .attention import attention, check_attention_path, sdpa_attention
 from .config import ScratchConfig, check_context
 from ..errors import CourseError
 from .kv_cache import KVCache, KVCacheInterface, rope_positions
-from ..weights.load import transformers_model
+from ..weights.load import checkpoint_name, transformers_model
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
@@ -166,7 +166,7 @@ class ScratchLlama(nn.Module):
         theirs = hf_model.state_dict(keep_vars=True)  # the Parameters themselves: one tensor, one gradient
         weights = {}
         for name, param in ours.named_parameters():
-            key = "lm_head.weight" if name == "lm_head.weight" else f"model.{name}"
+            key = checkpoint_name(name)
             if key not in theirs:
                 raise CourseError(f"The model has no weight named {key}: is it a Llama-family model?")
             if theirs[key].shape != param.shape:

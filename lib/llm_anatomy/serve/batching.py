@@ -59,6 +59,7 @@ class Request:
     generator: torch.Generator | None = field(default=None, repr=False)  # made from params.seed at its first draw
     logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
     cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
+    error: str | None = None  # why it ended with an error (a step that ran it failed: ContinuousScheduler.fail)
 
     def __post_init__(self):
         if isinstance(self.prompt, torch.Tensor):
@@ -89,6 +90,13 @@ class Request:
     def done(self) -> bool:
         eos = self.eos_token_id is not None and bool(self.output) and self.output[-1] == self.eos_token_id
         return len(self.output) >= self.max_new_tokens or eos
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why it is done: "stop" (its end token), "length" (max_new_tokens), or None while it goes on."""
+        if self.eos_token_id is not None and self.output and self.output[-1] == self.eos_token_id:
+            return "stop"
+        return "length" if len(self.output) >= self.max_new_tokens else None
 
     @property
     def ttft_s(self) -> float:
@@ -126,12 +134,12 @@ class Call(NamedTuple):
 class Engine:
     """What both schedulers share: the model, the clock, the requests and how their times are recorded."""
 
-    def __init__(self, model, max_batch: int, cost=None, clock=None):
+    def __init__(self, model, max_batch: int, cost=None, clock=None, keep_log: int | None = None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise CourseError(f"max_batch must be a whole number of sequences, at least 1, not {max_batch!r}.")
         self.model, self.max_batch, self.cost, self.clock = model, max_batch, cost, clock
         self.now = 0.0  # seconds on the scheduler's clock
-        self.calls: list[Call] = []  # every model call, in order
+        self.calls: deque[Call] = deque(maxlen=keep_log)  # every model call, in order (the last keep_log of them)
 
     def call(self, kind: str, rows: int, tokens: int, fn, context: int = 0):
         """Run one model call (`kind` "prefill", "decode" or "mixed", `rows` sequences, `tokens` new tokens in all,

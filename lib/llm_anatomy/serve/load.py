@@ -18,6 +18,7 @@ import numpy as np
 from ..claims import Verdict, claim
 from ..device import torch_threads
 from ..errors import CourseError
+from ..measure.timing import met_objectives
 from .batching import Request, run_static
 from .metrics import joined_running_batch, poisson_trace, serving_metrics
 from .block_manager import pool_blocks
@@ -53,7 +54,7 @@ def service_rate(serve, requests) -> float:
 
 def slo_attainment(requests, ttft_slo_s: float, tpot_slo_s: float) -> float:
     """The share of requests (0 to 1) that met both objectives: TTFT <= ttft_slo_s and TPOT <= tpot_slo_s."""
-    met = [r.ttft_s <= ttft_slo_s and r.mean_token_gap_s <= tpot_slo_s for r in requests]
+    met = [met_objectives(r.ttft_s, r.mean_token_gap_s, ttft_slo_s, tpot_slo_s) for r in requests]
     return sum(met) / len(met)
 
 

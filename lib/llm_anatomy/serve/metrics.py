@@ -19,6 +19,7 @@ import numpy as np
 from ..claims import claim, reading
 from ..device import timed
 from ..errors import CourseError
+from ..measure.timing import met_objectives
 from .batching import Request
 from .block_manager import pool_blocks
 from .paged_kv import blocks_for
@@ -51,8 +52,10 @@ def poisson_trace(n: int, rate_per_s: float, prompt_lengths, output_lengths, *, 
 
 def serving_metrics(requests, ttft_target_s: float | None = None, tpot_target_s: float | None = None) -> dict:
     """Throughput (output tokens/s from the first arrival to the last token), TTFT and TPOT at p50 and p99 (s),
-    and goodput: requests per second that met both latency targets (a None target is always met). Also ITL (every
-    gap between two tokens of a request, all requests together) and end-to-end latency at p50 and p99 (s)."""
+    and the request goodput (vLLM's `bench serve`): requests per second that met both latency targets
+    (measure.timing.met_objectives; a None target is always met). Also ITL (every gap between two tokens of a request,
+    all requests together) and end-to-end latency at p50 and p99 (s). DistServe's goodput, the highest rate at which
+    90% meet them, is serve/load.goodput_rate."""
     served = [r for r in requests if r.token_times]
     if not served:
         raise CourseError("No request has produced a token yet: run the scheduler first.")
@@ -62,11 +65,10 @@ def serving_metrics(requests, ttft_target_s: float | None = None, tpot_target_s:
     tpot = [r.mean_token_gap_s for r in served if len(r.output) > 1] or [0.0]  # a one-token answer has no TPOT
     itl = [gap for r in served for gap in r.inter_token_gaps_s] or [0.0]
     e2e = [r.end_to_end_s for r in served]
-    good = [r for r in served if (ttft_target_s is None or r.ttft_s <= ttft_target_s)
-            and (tpot_target_s is None or r.mean_token_gap_s <= tpot_target_s)]
+    good = [r for r in served if met_objectives(r.ttft_s, r.mean_token_gap_s, ttft_target_s, tpot_target_s)]
     out = {"requests": len(served), "output_tokens": tokens, "seconds": seconds,
            "throughput_tok_s": tokens / seconds if seconds > 0 else math.inf,
-           "goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good)}
+           "request_goodput_req_s": len(good) / seconds if seconds > 0 else math.inf, "met_targets": len(good)}
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         out[f"{name}_p50_s"], out[f"{name}_p99_s"] = map(float, np.percentile(values, [50, 99]))
     return out

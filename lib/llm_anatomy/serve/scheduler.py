@@ -22,6 +22,13 @@ One iteration is four parts, each in its own file, as nano-vllm splits its engin
 Every token of an iteration comes out when the iteration ends. The clock is batching.Engine's, or a server's wall
 clock handed in as `clock`. `cancel` takes a request out, waiting or running, its blocks handed back at once, so the
 next step can use them (notebook 11).
+
+`step()` is nano-vllm's `LLMEngine.step`: schedule -> run -> sample -> post-process, and it returns what the step did
+for each request it touched (a `RequestOutput`: the new tokens, whether it finished and why, whether it joined or was
+preempted). A server consumes those outputs and `stats()`; it never reaches into the queues. When the model call of a
+step fails, only that step's requests end (finish reason "error", their blocks freed); the others go on, and so does
+the scheduler. Its logs (`history`, `events`, `calls`, `finished`) keep the last `keep_log` entries: a server runs for
+days.
 """
 
 from __future__ import annotations
@@ -107,6 +114,46 @@ class Plan(NamedTuple):
         return [(a, 1) for a in self.decoders] + self.chunks
 
 
+@dataclass
+class RequestOutput:
+    """What one step did for one request (vLLM's RequestOutput, one step's worth).
+
+    new_tokens: the tokens it produced in this step (none while its prompt is still being prefilled);
+    finished/finish_reason: "stop" (a stop token), "length" (max tokens) or "error" (its step failed: `error` says
+    why); admitted: it joined the batch in this step; preempted: its blocks were taken back (it waits again).
+    """
+
+    request: Request
+    new_tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    admitted: bool = False
+    preempted: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler's state in numbers, read by the server's metrics, its views and the widget (`stats()`)."""
+
+    steps: int  # iterations run
+    now_s: float  # its clock
+    running: int  # requests holding a batch slot
+    waiting: int  # requests queued
+    finished: int  # requests retired (all time, not only the kept log)
+    preemptions: int  # admissions ended to make room (all time)
+    blocks_total: int
+    blocks_free: int  # in no request and no prefix cache
+    blocks_cached: int  # held only by the prefix cache (evictable)
+    prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (0 without one)
+    prefix_hit_tokens: int  # of them, found
+
+    @property
+    def blocks_used(self) -> int:
+        """Blocks that running requests hold."""
+        return self.blocks_total - self.blocks_free - self.blocks_cached
+
+
 class ContinuousScheduler(Engine):
     """Iteration-level batching over a paged KV cache, with chunked prefill and optional prefix caching.
 
@@ -119,13 +166,14 @@ class ContinuousScheduler(Engine):
 
     An iteration is nano-vllm's: schedule() decides (admission, rows, preemption) and books blocks through the
     BlockManager, the ModelRunner runs the rows, the sampler picks each finished row's token by the request's own
-    SamplingParams, and postprocess() records it all.
+    SamplingParams, and postprocess() records it all and returns each request's RequestOutput.
+    keep_log: how many entries each log keeps (history, events, calls, finished; None: all).
     """
 
     def __init__(self, model, pool: PagedKVPool, max_batch: int = 8, max_batched_tokens: int | None = None,
                  prefix_cache: bool = False, cost=None, flatten: bool = False, prefill_first: bool = False,
-                 clock=None):
-        super().__init__(model, max_batch, cost, clock)
+                 clock=None, keep_log: int | None = 10_000):
+        super().__init__(model, max_batch, cost, clock, keep_log)
         for name, value in (("flatten", flatten), ("prefill_first", prefill_first)):
             if not isinstance(value, bool):
                 raise CourseError(f"{name} must be True or False, not {value!r}.")
@@ -138,10 +186,12 @@ class ContinuousScheduler(Engine):
         self.runner = ModelRunner(model, pool, self.call, flatten)
         self.waiting: deque[Request] = deque()  # arrival order
         self.running: list[Admission] = []  # admission order
-        self.finished: list[Request] = []
-        self.steps, self._next_id = 0, 0
-        self.history: list[tuple[int, dict, list]] = []  # per iteration: (step, {id: block table}, cached blocks)
-        self.events: list[tuple[float, str, int, int]] = []  # (time, "admit"/"preempt"/"retire"/"cancel", id, slot)
+        self.finished: deque[Request] = deque(maxlen=keep_log)  # the last retired requests
+        self.steps, self._next_id, self._retired, self._preemptions = 0, 0, 0, 0
+        # per iteration: (step, {id: block table}, cached blocks)
+        self.history: deque[tuple[int, dict, list]] = deque(maxlen=keep_log)
+        # (time, "admit"/"preempt"/"retire"/"cancel"/"error", id, slot)
+        self.events: deque[tuple[float, str, int, int]] = deque(maxlen=keep_log)
 
     @property
     def prefix_cache(self):
@@ -172,23 +222,41 @@ class ContinuousScheduler(Engine):
         fresh = [r.fresh() for r in requests]
         for r in fresh:
             self.submit(r)
-        while self.step():
-            pass
+        while self.has_unfinished():
+            self.step()
         return fresh
 
-    def step(self) -> bool:
-        """One iteration: schedule, run the rows, sample, record. Returns False when there was nothing to do."""
-        if not self.running and not self.waiting:
-            return False
+    def running_ids(self) -> list[int]:
+        """The ids of the requests in the batch now, in admission order."""
+        return [a.request.id for a in self.running]
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running (vLLM's has_unfinished_requests)."""
+        return bool(self.running or self.waiting)
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> run -> sample -> post-process. Returns a RequestOutput for every request the step
+        touched (its rows, who joined, who was preempted); an empty list when there was nothing to do.
+
+        A model call that fails ends this step's requests only (finish reason "error", blocks freed); the exception does
+        not leave the step. A failure of the scheduler's own bookkeeping (a bug) is raised.
+        """
+        if not self.has_unfinished():
+            return []
+        if self.clock is not None:  # a server's wall clock: the time between steps counts too
+            self.now = max(self.now, self.clock())
         if not self.running and self.waiting[0].arrival_s > self.now:
             self.now = self.waiting[0].arrival_s  # idle until the next arrival
         step = self.schedule()
         rows = step.rows
-        logits = self.runner.run([a.request.tokens[a.computed:a.computed + n] for a, n in rows],
-                                 [a.blocks for a, _ in rows], [a.computed for a, _ in rows],
-                                 len(step.decoders)) if rows else None  # [rows, vocab]
-        self.postprocess(step, logits)
-        return True
+        try:
+            logits = self.runner.run([a.request.tokens[a.computed:a.computed + n] for a, n in rows],
+                                     [a.blocks for a, _ in rows], [a.computed for a, _ in rows],
+                                     len(step.decoders)) if rows else None  # [rows, vocab]
+        except Exception as err:  # this step's rows did not run: they end; the others are untouched
+            failed = self.fail([a.request.id for a, _ in rows], err)
+            return self._outputs(step, failed)
+        return self.postprocess(step, logits)
 
     def schedule(self) -> Plan:
         """Decide this iteration: admit who can join, plan the rows, preempt the youngest while the pool cannot
@@ -207,32 +275,83 @@ class ContinuousScheduler(Engine):
         self.blocks.grow(rows)
         return step
 
-    def postprocess(self, step: Plan, logits: torch.Tensor | None) -> None:
+    def postprocess(self, step: Plan, logits: torch.Tensor | None) -> list[RequestOutput]:
         """Count the new cached positions; a row whose tokens are now all cached gets its next token from its logits
-        row (the sampler); every token of the iteration comes out when it ends; finished requests retire."""
-        produced = []
+        row (the sampler); every token of the iteration comes out when it ends; finished requests retire. A row whose
+        token cannot be drawn (its logits hold NaN, say) ends with an error, alone. Returns the step's outputs."""
+        produced, failed = [], []
         for i, (a, new) in enumerate(step.rows):
             a.computed += new
             if a.pending == 0:
                 if not a.request.output:  # the prompt is in: share its full blocks
                     self.blocks.keep(a.request.prompt, a.blocks)
-                produced.append((a.request, sample(a.request, logits[i])))
+                try:
+                    produced.append((a.request, sample(a.request, logits[i])))
+                except Exception as err:  # this request's draw failed: it ends; the others keep their tokens
+                    failed.append((a.request.id, err))
         for request, token in produced:
             self.emit(request, token)
+        outputs = []
+        for request_id, err in failed:
+            outputs += self.fail([request_id], err)
         for a in [a for a in self.running if a.request.done]:
             self._release(a, finished=True)
+        return self._outputs(step, outputs, {id(r): t for r, t in produced})
+
+    def _outputs(self, step: Plan, failed: list[RequestOutput], tokens: dict | None = None) -> list[RequestOutput]:
+        """The step's RequestOutputs, one per request touched, in row order (then who joined without a row yet, and
+        who was preempted); the step is counted and its block tables logged."""
+        tokens = tokens or {}
+        outputs = {id(out.request): out for out in failed}
+        joined, preempted = {id(r) for r in step.admitted}, {id(r) for r in step.preempted}
+        for r in [a.request for a, _ in step.rows] + list(step.admitted) + list(step.preempted):
+            if id(r) not in outputs:
+                done = r.done and id(r) not in preempted
+                outputs[id(r)] = RequestOutput(r, [tokens[id(r)]] if id(r) in tokens else [], done,
+                                               r.finish_reason if done else None)
+        for out in outputs.values():
+            out.admitted, out.preempted = id(out.request) in joined, id(out.request) in preempted
         self.steps += 1
         self.history.append((self.steps, {a.request.id: list(a.blocks) for a in self.running}, self.blocks.cached()))
+        return list(outputs.values())
+
+    def fail(self, request_ids: list[int], error: BaseException | str) -> list[RequestOutput]:
+        """End these requests with an error (a step that ran them failed): out of the batch or the queue, their blocks
+        freed, none of them kept in the prefix cache (a failed call may have written them half). Returns their
+        outputs (finish reason "error"); requests that are not waiting or running are skipped."""
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        outputs = []
+        for request_id in request_ids:
+            request = self._take_out(request_id, "error")
+            if request is not None:
+                request.error = message
+                outputs.append(RequestOutput(request, [], True, "error", error=message))
+        return outputs
+
+    def stats(self) -> SchedulerStats:
+        """The scheduler's numbers now (what the server's metrics, the views and the widget read)."""
+        alloc, pc = self.pool.allocator, self.prefix_cache
+        return SchedulerStats(self.steps, self.now, len(self.running), len(self.waiting), self._retired,
+                              self._preemptions, alloc.num_blocks, alloc.num_free,
+                              pc.evictable() if pc is not None else 0, pc.query_tokens if pc is not None else 0,
+                              pc.hit_tokens if pc is not None else 0)
 
     def cancel(self, request_id: int) -> Request | None:
         """Stop serving a request (its client went away, or a stop string was met): taken out of the queue, or its
         admission ended and its blocks handed back now, so the next step can give them to others. Call it between
         steps. Returns the request (`cancelled` set, its output kept), or None when it is neither waiting nor running
         (finished already, or never submitted)."""
+        request = self._take_out(request_id, "cancel")
+        if request is not None:
+            request.cancelled = True
+        return request
+
+    def _take_out(self, request_id: int, why: str) -> Request | None:
+        """Take a request out of the queue or the batch, its blocks handed back now (`why`: "cancel" or "error")."""
         for r in self.waiting:
             if r.id == request_id:
                 self.waiting.remove(r)
-                r.cancelled, r.generator = True, None
+                r.generator = None
                 return r
         a = next((a for a in self.running if a.request.id == request_id), None)
         if a is None:
@@ -240,8 +359,8 @@ class ContinuousScheduler(Engine):
         self.blocks.release(a.blocks)  # blocks the prefix cache also holds stay cached; the others are free again
         self.running.remove(a)
         self.leave(a.request, a.slot, a.start_s, retired=True)
-        self.events.append((self.now, "cancel", request_id, a.slot))
-        a.request.cancelled, a.request.generator = True, None  # its draws are over
+        self.events.append((self.now, why, request_id, a.slot))
+        a.request.generator = None  # its draws are over
         return a.request
 
     def _admit(self) -> list[Request]:
@@ -270,7 +389,9 @@ class ContinuousScheduler(Engine):
         self.events.append((self.now, "retire" if finished else "preempt", r.id, a.slot))
         if finished:
             self.finished.append(r)
+            self._retired += 1
             r.generator = None  # done drawing: a server keeps thousands of finished requests
         else:
+            self._preemptions += 1
             r.cached, r.preempted = 0, r.preempted + 1
             self.waiting.appendleft(r)

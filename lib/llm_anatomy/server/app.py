@@ -223,7 +223,8 @@ class Server:
             while True:
                 event = await events.get()
                 if event[0] == "text":
-                    data = schemas.sse(reply.chunk(event[1], logprobs=event[2] or None))
+                    entries = schemas.logprob_entries(event[2], self.engine.tokenizer.decode)
+                    data = schemas.sse(reply.chunk(event[1], logprobs=entries or None))
                     if live.first_sent_s is None and event[1]:
                         live.first_sent_s = self.engine.clock()
                     yield data
@@ -252,7 +253,7 @@ class Server:
                     continue
                 if event[0] == "text":
                     text.append(event[1])
-                    entries += event[2]
+                    entries += schemas.logprob_entries(event[2], self.engine.tokenizer.decode)
                 elif event[0] == "finish":
                     asked = live.request.params.top_logprobs is not None
                     return JSONResponse(reply.whole("".join(text), event[1], entries if asked else None,

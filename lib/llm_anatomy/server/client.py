@@ -7,7 +7,7 @@ clock, so that its latencies are measure/timing's, seen from the client:
     TTFT: sent -> first chunk with text;  ITL: every gap between chunks;  TPOT: (last - first) / (tokens - 1);
     E2E: sent -> the last chunk.
 `summarize` turns the records into what vLLM's `bench serve` prints: completed and failed requests, request and
-output-token throughput, mean / median / p99 of each latency (milliseconds), and goodput: requests per second that
+output-token throughput, mean / median / p99 of each latency (milliseconds), and request goodput: requests per second that
 met the stated objectives (TTFT and TPOT at most their limits).
 
 It runs its own event loop on a thread of its own, so that it works the same in a script and in a notebook (whose
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CourseError
-from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
+from ..measure.timing import (end_to_end_s, inter_token_gaps_s, mean_token_gap_s, met_objectives,
+                              time_to_first_token_s)
 
 
 @dataclass
@@ -216,7 +217,8 @@ def server_latency(results: list[Result], records: dict) -> list[dict]:
 
 def summarize(results: list[Result], duration_s: float, ttft_slo_s: float = 1.0, tpot_slo_s: float = 0.2) -> dict:
     """What vLLM's `bench serve` reports, from the client's records: counts, throughputs (per second of the run),
-    mean / median / p99 latencies in milliseconds, and goodput (requests per second within both objectives)."""
+    mean / median / p99 latencies in milliseconds, and the request goodput (requests per second that met both
+    objectives: measure.timing.met_objectives)."""
     ok = [r for r in results if r.ok]
     out = {"completed": len(ok), "failed": len(results) - len(ok),
            "refused_429": sum(r.status == 429 for r in results), "duration_s": duration_s,
@@ -228,8 +230,8 @@ def summarize(results: list[Result], duration_s: float, ttft_slo_s: float = 1.0,
         values = [v for v in values if not math.isnan(v)] or [math.nan]
         out.update({f"mean_{name}_ms": statistics.fmean(values) * 1e3, f"median_{name}_ms":
                     statistics.median(values) * 1e3, f"p99_{name}_ms": float(np.percentile(values, 99)) * 1e3})
-    good = [r for r in ok if r.ttft_s <= ttft_slo_s and (math.isnan(r.tpot_s) or r.tpot_s <= tpot_slo_s)]
-    out["goodput"] = len(good) / duration_s
+    good = [r for r in ok if met_objectives(r.ttft_s, r.tpot_s, ttft_slo_s, tpot_slo_s)]
+    out["request_goodput"] = len(good) / duration_s
     refusals = [r.done_s - r.sent_s for r in results if r.status == 429]
     out["median_refusal_ms"] = statistics.median(refusals) * 1e3 if refusals else math.nan
     return out

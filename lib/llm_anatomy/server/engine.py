@@ -27,6 +27,7 @@ has run the handlers that send them (`flush`, set by app.py): the tokens go out 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
 import threading
@@ -38,9 +39,9 @@ from ..generate.chat import end_of_turn_ids
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
-from ..serve.sampler import SamplingParams
+from ..generate.sampling import SamplingParams
 from ..serve.scheduler import ContinuousScheduler
-from .schemas import APIError, logprob_entry
+from .schemas import APIError
 from .sizing import QueueSizer, check_max_waiting
 
 HAND_OVER_S = 0.005  # the longest the engine waits for the event loop to send a step's tokens (seconds)
@@ -95,7 +96,8 @@ class EngineLoop:
         self.sizer = QueueSizer(ttft_objective_s)  # max_waiting "auto": the limit sized from the TTFT objective
         pool = PagedKVPool.for_model(model, kv_blocks, block_size)
         self.scheduler = ContinuousScheduler(model, pool, max_batch, max_batched_tokens, prefix_cache=prefix_cache,
-                                             prefill_first=prefill_first, clock=self.clock)  # tokens on the wall clock
+                                             prefill_first=prefill_first, clock=self.clock,
+                                             keep_log=keep_records)  # tokens on the wall clock
         self.model, self.tokenizer, self.metrics, self.max_waiting = model, tokenizer, metrics, max_waiting
         self.context = model.cfg.max_position_embeddings
         self.capacity = kv_blocks * block_size  # positions the whole pool holds
@@ -113,6 +115,20 @@ class EngineLoop:
         self.flush = None  # flush(timeout_s): returns once the event loop has sent what was handed out (app.py)
         self.t0 = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def warm_up(self) -> None:
+        """Serve one small request before any client (the first model calls pay for allocation); it is not counted:
+        the finished log forgets it and the metrics start from the scheduler's numbers after it."""
+        self.scheduler.run([Request([1, 2, 3, 4, 5], 3)])
+        self.scheduler.finished.clear()
+        if self.metrics is not None:
+            self.metrics.start_from(self.scheduler.stats())
+
+    def describe(self) -> str:
+        """How the engine is set up, in words (the server's first log line)."""
+        s = self.scheduler
+        return (f"max batch {s.max_batch}, {s.pool.num_blocks} KV blocks of {s.pool.block_size}, "
+                f"{'prefill first' if s.prefill_first else 'prompts and decodes mixed'}")
 
     def start(self) -> "EngineLoop":
         self.thread.start()
@@ -139,12 +155,15 @@ class EngineLoop:
         """The queue's limit now: max_waiting, or with "auto" the one sized from the TTFT objective (sizing.py)."""
         return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
 
-    def submit(self, prompt: list[int], max_tokens: int, params: SamplingParams, stops: list[str], put,
-               name: str = "", received_s: float | None = None) -> Live:
+    def submit(self, prompt: list[int], params: SamplingParams, put, name: str = "",
+               received_s: float | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        params: how its tokens are picked (serve.sampler.SamplingParams); received_s: when its handler had the whole
-        body (engine clock), for the record of where the server's time went."""
-        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, params=params)
+        params: how its tokens are picked and when it stops (generate.sampling.SamplingParams: max_tokens, stop strings,
+        stop token ids); the end-of-turn tokens of the chat template join its stop token ids, so the scheduler ends the
+        turn by the one stop rule. received_s: when its handler had the whole body (engine clock), for the record of
+        where the server's time went."""
+        stop_ids = tuple(dict.fromkeys([*params.stop_token_ids, *sorted(self.end_ids)]))
+        request = Request(list(prompt), params=dataclasses.replace(params, stop_token_ids=stop_ids))
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # requests in flight beyond the batch slots wait; one that a free slot will take does not
             queued = max(0, self._in_flight - self.scheduler.max_batch)
@@ -159,7 +178,7 @@ class EngineLoop:
             self._unadmitted += 1
             self._in_flight += 1
         request.arrival_s = self.clock()
-        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
+        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(params.stop), name,
                     received_s=received_s)
         self._inbox.put(("submit", live))
         return live
@@ -177,7 +196,7 @@ class EngineLoop:
         sched = self.scheduler
         while not self._stop.is_set():
             # idle: sleep until a command comes; busy: take what has come and step
-            commands = [] if sched.running or sched.waiting else [self._inbox.get()]
+            commands = [] if sched.has_unfinished() else [self._inbox.get()]
             while True:
                 try:
                     commands.append(self._inbox.get_nowait())
@@ -189,52 +208,53 @@ class EngineLoop:
                     self._live[live.request.id] = live
                 elif kind == "cancel" and live.finish is None:
                     self._end(live, "cancelled")
-            if sched.running or sched.waiting:
-                sched.now = max(sched.now, self.clock())
-                try:
-                    sched.step()
-                except Exception as err:  # keep serving the others: this step's requests get the error
-                    for live in list(self._live.values()):
-                        live.put(("error", f"the engine failed: {type(err).__name__}: {err}"))
-                        self._end(live, "error")
-                if self._hand_out() and self.flush is not None:
+            if sched.has_unfinished():
+                try:  # a failed model call ends its own step's requests inside step(): their outputs say "error"
+                    outputs = sched.step()
+                except Exception as err:  # the scheduler's own bookkeeping failed: end the running, keep the waiting
+                    outputs = sched.fail(sched.running_ids(), err)
+                if self._hand_out(outputs) and self.flush is not None:
                     self.flush(HAND_OVER_S)  # let the handlers send this step's tokens before the next step
             self._tidy()
 
-    def _hand_out(self) -> int:
-        """Turn the tokens each request made in this step into text events; end those that are done. Returns how
-        many requests got an event."""
+    def _hand_out(self, outputs) -> int:
+        """Turn what this step did for each request (the scheduler's RequestOutputs) into events: text as it becomes
+        final, the end of those that finished. Returns how many requests got an event."""
         handed = 0
-        for live in list(self._live.values()):
-            r = live.request
-            if r.admitted_s is not None and not live.admitted:
+        for out in outputs:
+            live = self._live.get(out.request.id)
+            if live is None or live.finish is not None:
+                continue
+            r = out.request
+            if out.admitted and not live.admitted:
                 self.admissions.append(r.admitted_s)
                 self._admitted(live)
-            handed += live.sent < len(r.output) or r.done
-            for i in range(live.sent, len(r.output)):
-                live.sent = i + 1
-                token = r.output[i]
+            if out.finish_reason == "error":
+                live.put(("error", f"the engine failed: {out.error}"))
+                self._end(live, "error")
+                handed += 1
+                continue
+            handed += bool(out.new_tokens) or out.finished
+            for token in out.new_tokens:
+                i, live.sent = live.sent, live.sent + 1
                 if i == 0:
                     if r.admitted_s is not None:
                         self.sizer.prefilled(r.token_times[0] - r.admitted_s)
                     if self.metrics is not None:
                         self.metrics.first_token(r)
-                if token in self.end_ids:  # the end of the turn: not shown
-                    live.sent = i  # nor counted as an answer's token
-                    self._emit(live, self._rest(live), last=True)
-                    self._end(live, "stop")
+                if out.finish_reason == "stop" and i == len(r.output) - 1:  # its stop token (the end of the turn)
+                    live.sent = i  # is not shown, nor counted as an answer's token
                     break
-                entry = self._logprob_entry(r, i, token)
-                if entry is not None:
-                    live.pending.append(entry)
+                if r.params.top_logprobs is not None and i < len(r.logprobs):
+                    live.pending.append((token, *r.logprobs[i]))  # the API's JSON is the handler's (schemas.py)
                 text = live.stops.feed(live.detok.push(token))
                 self._emit(live, text, last=live.stops.stopped)
                 if live.stops.stopped:
                     self._end(live, "stop")
                     break
-            if live.finish is None and r.done:
+            if live.finish is None and out.finished:
                 self._emit(live, self._rest(live), last=True)
-                self._end(live, "length")
+                self._end(live, out.finish_reason)
         return handed
 
     def _admitted(self, live: Live) -> None:
@@ -248,13 +268,6 @@ class EngineLoop:
         text = live.stops.feed(live.detok.flush())
         return text + live.stops.flush() if not live.stops.stopped else text
 
-    def _logprob_entry(self, r: Request, i: int, token: int):
-        if r.params.top_logprobs is None or i >= len(r.logprobs):
-            return None
-        logprob, top = r.logprobs[i]
-        decode = self.tokenizer.decode
-        return logprob_entry(decode([token]), logprob, [(decode([t]), lp) for t, lp in top])
-
     def _emit(self, live: Live, text: str, last: bool = False) -> None:
         if text or (last and live.pending):
             live.put(("text", text, live.pending))
@@ -263,8 +276,8 @@ class EngineLoop:
     def _end(self, live: Live, reason: str) -> None:
         """The request is done for the server: out of the scheduler (its blocks free now), its last event sent."""
         r = live.request
-        if reason != "length":
-            self.scheduler.cancel(r.id)
+        if reason in ("cancelled", "stop") and not r.done:  # the client went away, or a stop string was met
+            self.scheduler.cancel(r.id)  # out of the batch or the queue now: its blocks are free for the next step
         if not live.admitted:  # it ends before it was admitted (cancelled while it waited)
             self._admitted(live)
         with self._lock:
@@ -286,10 +299,6 @@ class EngineLoop:
             live.put(("finish", reason, record))
 
     def _tidy(self) -> None:
-        """Update the gauges; keep the scheduler's logs short (a server runs for days)."""
-        sched = self.scheduler
-        for log in (sched.history, sched.events, sched.calls, sched.finished):
-            if len(log) > 4000:
-                del log[:-2000]
+        """Update the gauges (the scheduler keeps its own logs short: keep_log)."""
         if self.metrics is not None:
             self.metrics.update(self)

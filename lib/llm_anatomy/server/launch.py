@@ -47,7 +47,6 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
 
     from ..generate.chat import chat_prompt_ids
     from ..model.scratch import ScratchLlama
-    from ..serve.batching import Request
     from ..weights.load import load_model
     from .app import Server
     from .engine import EngineLoop
@@ -59,8 +58,7 @@ def build(model: str | None = None, device: str = "cpu", *, max_batch: int = 8, 
                         kv_blocks=kv_blocks, block_size=block_size, max_batched_tokens=max_batched_tokens,
                         prefix_cache=prefix_cache, max_waiting=max_waiting,
                         ttft_objective_s=ttft_objective_s, metrics=metrics, prefill_first=prefill_first)
-    engine.scheduler.run([Request([1, 2, 3, 4, 5], 3)])  # the first calls pay for allocation: not a client
-    engine.scheduler.finished.clear()
+    engine.warm_up()  # the first calls pay for allocation: not a client
     chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": "hello"}])  # so does the chat template's
     return Server(engine, loaded.name, metrics, api_key=api_key, max_body_bytes=max_body_bytes,
                   default_max_tokens=default_max_tokens)
@@ -81,10 +79,8 @@ def run(host: str = "127.0.0.1", port: int = 8000, log=print, **options) -> None
 
     server = build(**options)
     engine = server.engine
-    log(f"serving {server.name} on http://{host}:{port}/v1 (max batch {engine.scheduler.max_batch}, "
-        f"{engine.scheduler.pool.num_blocks} KV blocks of {engine.scheduler.pool.block_size}, "
-        f"{'prefill first' if engine.scheduler.prefill_first else 'prompts and decodes mixed'}, queue limit "
-        f"{engine.max_waiting}, API key {'required' if server.api_key else 'not required'})")
+    log(f"serving {server.name} on http://{host}:{port}/v1 ({engine.describe()}, queue limit {engine.max_waiting}, "
+        f"API key {'required' if server.api_key else 'not required'})")
     uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=3)
 

@@ -3,10 +3,10 @@
 The names follow vLLM's (`vllm:time_to_first_token_seconds` is ours `llm_anatomy_time_to_first_token_seconds`):
 - histograms of the latencies, each defined once in measure/timing.py: TTFT (arrival at the engine to the first
   token), TPOT (a request's mean gap between tokens), ITL (every gap), end-to-end;
-- gauges of the engine's state after its last step: requests running and waiting, KV blocks used by requests,
-  held only by the prefix cache (free to evict), and free;
+- gauges of the engine's state after its last step, read from the scheduler's stats(): requests running and waiting,
+  KV blocks used by requests, held only by the prefix cache (free to evict), and free;
 - counters: requests by how they finished, requests refused because the queue was full, prompt and output tokens,
-  and the prefix cache's prompt tokens looked up and found.
+  the prefix cache's prompt tokens looked up and found, and preemptions.
 A histogram is cumulative buckets (`_bucket{le="0.1"}`: how many were at most 0.1 s) plus `_sum` and `_count`.
 """
 
@@ -49,7 +49,9 @@ class Metrics:
         self.output_tokens = Counter(PREFIX + "generation_tokens", "Output tokens of finished requests", registry=r)
         self.prefix_queries = Counter(PREFIX + "prefix_cache_queries", "Prompt tokens looked up", registry=r)
         self.prefix_hits = Counter(PREFIX + "prefix_cache_hits", "Prompt tokens found in the cache", registry=r)
-        self._seen = (0, 0)  # the prefix cache's (queries, hits) at the last update
+        self.preemptions = Counter(PREFIX + "num_preemptions", "Admissions ended to make room (recomputed later)",
+                                   registry=r)
+        self._seen = (0, 0, 0)  # the scheduler's (prefix queries, prefix hits, preemptions) at the last update
 
     def first_token(self, request: Request) -> None:
         self.ttft.observe(request.ttft_s)
@@ -66,21 +68,22 @@ class Metrics:
             if len(request.output) > 1:
                 self.tpot.observe(request.mean_token_gap_s)
 
+    def start_from(self, stats) -> None:
+        """Count from the scheduler's `stats` on (what happened before, a warm-up, is not counted)."""
+        self._seen = (stats.prefix_query_tokens, stats.prefix_hit_tokens, stats.preemptions)
+
     def update(self, engine) -> None:
-        """Set the gauges from the engine's scheduler (called by the engine thread after each of its rounds)."""
-        sched = engine.scheduler
-        alloc, pc = sched.pool.allocator, sched.prefix_cache
-        cached = pc.evictable() if pc is not None else 0
-        self.running.set(len(sched.running))
+        """Set the gauges from the scheduler's stats() (called by the engine thread after each of its rounds)."""
+        stats = engine.scheduler.stats()
+        self.running.set(stats.running)
         self.waiting.set(engine.waiting)
-        self.blocks_free.set(alloc.num_free)
-        self.blocks_cached.set(cached)
-        self.blocks_used.set(alloc.num_blocks - alloc.num_free - cached)
-        if pc is not None:
-            queries, hits = pc.query_tokens, pc.hit_tokens
-            self.prefix_queries.inc(queries - self._seen[0])
-            self.prefix_hits.inc(hits - self._seen[1])
-            self._seen = (queries, hits)
+        self.blocks_free.set(stats.blocks_free)
+        self.blocks_cached.set(stats.blocks_cached)
+        self.blocks_used.set(stats.blocks_used)
+        seen = (stats.prefix_query_tokens, stats.prefix_hit_tokens, stats.preemptions)
+        for counter, now, before in zip((self.prefix_queries, self.prefix_hits, self.preemptions), seen, self._seen):
+            counter.inc(now - before)
+        self._seen = seen
 
     def text(self) -> bytes:
         """Every metric in Prometheus's text format."""

@@ -165,6 +165,12 @@ def logprob_entry(text: str, logprob: float, top: list[tuple[str, float]]) -> di
             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top]}
 
 
+def logprob_entries(raw: list[tuple], decode) -> list[dict]:
+    """The API's entries for the engine's raw logprobs: (token id, logprob, [(id, logprob), ...]) per token, each
+    token's text decoded on its own (`decode`: the tokenizer's), as the chat API shows it."""
+    return [logprob_entry(decode([token]), logprob, [(decode([t]), lp) for t, lp in top]) for token, logprob, top in raw]
+
+
 def legacy_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
     """The completions API's older shape of the same entries: tokens, token_logprobs, top_logprobs, text_offset."""
     if entries is None:

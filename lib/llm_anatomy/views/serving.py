@@ -173,12 +173,13 @@ def scheduler_html(scheduler, max_finished: int = 8) -> str:
                      f'style="width:26px;height:22px;border:1px solid #999;background:{colour};color:{fg};'
                      f'font-size:9px;text-align:center;line-height:22px;overflow:hidden">{text}</div>')
     counts = {k: sum(1 for c in cells if f"la-serving-{k}" in c) for k in ("used", "shared", "cached", "free")}
-    summary = (f"iteration {scheduler.steps}, clock {scheduler.now:.3f} s; {len(scheduler.running)} in the batch, "
-               f"{len(scheduler.waiting)} waiting, {len(scheduler.finished)} finished; blocks: {counts['used']} used, "
+    stats = scheduler.stats()
+    summary = (f"iteration {stats.steps}, clock {stats.now_s:.3f} s; {stats.running} in the batch, "
+               f"{stats.waiting} waiting, {stats.finished} finished; blocks: {counts['used']} used, "
                f"{counts['shared']} shared, {counts['cached']} cached, {counts['free']} free of {alloc.num_blocks} "
                f"({scheduler.pool.block_size} positions each)")
     shown = ([(a.request, a) for a in scheduler.running] + [(r, None) for r in scheduler.waiting]
-             + [(r, None) for r in scheduler.finished[-max_finished:]])
+             + [(r, None) for r in list(scheduler.finished)[-max_finished:]])
     rows = []
     for r, a in shown:
         state = request_state(r, a)

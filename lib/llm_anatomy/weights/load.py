@@ -47,6 +47,13 @@ class LoadedModel:
         )
 
 
+def checkpoint_name(name: str) -> str:
+    """The checkpoint's (transformers') name of the course model's parameter `name`: the blocks, embedding and final
+    norm sit under `model.` in a Llama-family checkpoint (`model.layers.0.self_attn.q_proj.weight`), the LM head does
+    not. The one place the two namings meet: ScratchLlama.from_hf and the tensor-parallel loader read through it."""
+    return name if name == "lm_head.weight" else f"model.{name}"
+
+
 def transformers_model(model) -> torch.nn.Module:
     """The transformers module inside a LoadedModel (or the module itself): the course's one unwrapper."""
     module = model.model if isinstance(model, LoadedModel) else model

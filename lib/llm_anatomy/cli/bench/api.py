@@ -6,7 +6,7 @@
 
 What vLLM's `bench serve` reports, through the official `openai` async client (server/client.py): completed and
 failed requests, request and output-token throughput, mean / median / p99 of TTFT, TPOT, ITL and end-to-end latency,
-goodput under the stated objectives. With the server started here it also reports the targets of notebook 11:
+request goodput under the stated objectives. With the server started here it also reports the targets of notebook 11:
 - greedy streamed text equal to the course's own greedy decoding (generate/decode.py), and to transformers serve's;
 - the server's own latency: client TTFT minus the engine's TTFT (measure/timing.py), p50 over requests sent one at a
   time by one warm client (target <= 10 ms), split into what the server's handler timed itself and the rest, and

@@ -197,11 +197,11 @@ def format_table(r: dict) -> str:
              f"trace: {t['requests']} requests, Poisson {t['rate_per_s']:.2f}/s ({t['load']:g}x capacity), batch "
              f"{t['max_batch']}, "
              f"max batched tokens {t['max_batched_tokens']}; same greedy tokens: {t['same_tokens']}",
-             f"{'':<12}{'tokens/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}{'goodput':>9}"]
+             f"{'':<12}{'tokens/s':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}{'req goodput':>13}"]
     for name, m in (("static", s), ("continuous", c)):
         lines.append(f"{name:<12}{m['throughput_tok_s']:>10.1f}{m['ttft_p50_s'] * 1e3:>8.0f}ms"
                      f"{m['ttft_p99_s'] * 1e3:>8.0f}ms{m['tpot_p50_s'] * 1e3:>8.1f}ms{m['tpot_p99_s'] * 1e3:>8.1f}ms"
-                     f"{m['goodput_req_s']:>7.2f}/s")
+                     f"{m['request_goodput_req_s']:>11.2f}/s")
     a = r["aims"]
     lines.append(f"{'load':>5} {'engine':<11}{'TTFT p50':>9}{'p99':>8}{'TPOT p50':>9}{'p99':>8}{'ITL p99':>8}"
                  f"{'E2E p99':>8}{'met both':>9}")
