@@ -139,3 +139,33 @@ def test_decode_step_times_share_one_cache_per_batch(tiny_model):
     assert list(steps) == [(1, 8), (1, 40), (3, 8)]
     assert all(len(t.times_s) == 2 and t.min_s > 0 for t in steps.values())
     assert steps[(1, 8)].threads == torch.get_num_threads()  # a CPU timing says its threads
+
+
+def test_met_objectives_is_the_one_test_behind_both_goodputs(monkeypatch):
+    import math
+
+    from llm_anatomy.measure import timing
+    from llm_anatomy.serve import load, metrics
+    from llm_anatomy.serve.batching import Request
+    from llm_anatomy.server import client
+
+    assert timing.met_objectives(0.5, 0.1, 1.0, 0.2) and not timing.met_objectives(1.5, 0.1, 1.0, 0.2)
+    assert not timing.met_objectives(0.5, 0.3, 1.0, 0.2) and timing.met_objectives(1.0, 0.2, 1.0, 0.2)  # at the limit
+    assert timing.met_objectives(9.0, 9.0) and timing.met_objectives(0.5, math.nan, 1.0, 0.2)  # no TPOT: one token
+    # one request meets both, one misses TTFT, one misses TPOT; the server-side and the client-side goodput agree
+    served = []
+    for arrival, times in ((0.0, [0.5, 0.6, 0.7]), (0.0, [2.0, 2.1]), (1.0, [1.2, 2.2, 3.2])):
+        r = Request([1, 2], len(times), arrival)
+        r.output, r.token_times = [3] * len(times), times
+        served.append(r)
+    from_engine = metrics.serving_metrics(served, ttft_target_s=1.0, tpot_target_s=0.2)
+    results = [client.Result(r.arrival_s, 200, r.token_times, len(r.output), "x", r.token_times[-1]) for r in served]
+    from_client = client.summarize(results, duration_s=from_engine["seconds"], ttft_slo_s=1.0, tpot_slo_s=0.2)
+    assert from_engine["met_targets"] == 1 and from_engine["request_goodput_req_s"] == from_client["request_goodput"]
+    assert load.slo_attainment(served, 1.0, 0.2) == 1 / 3
+    # every goodput goes through it: a stricter rule moves all three at once
+    monkeypatch.setattr(timing, "met_objectives", lambda *args: False)
+    for module in (metrics, load, client):
+        monkeypatch.setattr(module, "met_objectives", timing.met_objectives)
+    assert metrics.serving_metrics(served, 1.0, 0.2)["met_targets"] == 0 and load.slo_attainment(served, 1.0, 0.2) == 0
+    assert client.summarize(results, 4.0, 1.0, 0.2)["request_goodput"] == 0

@@ -213,3 +213,14 @@ def test_cli_errors_are_one_line_without_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: The cache folder") and proc.stderr.count("\n") == 1
+
+
+def test_checkpoint_names_have_one_home():
+    from llm_anatomy.distributed import runs, tensor_parallel
+    from llm_anatomy.model import scratch
+    from llm_anatomy.weights.load import checkpoint_name
+
+    assert checkpoint_name("layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert checkpoint_name("embed_tokens.weight") == "model.embed_tokens.weight"
+    assert checkpoint_name("lm_head.weight") == "lm_head.weight"
+    assert scratch.checkpoint_name is tensor_parallel.checkpoint_name is runs.checkpoint_name is checkpoint_name
