@@ -14,7 +14,7 @@ NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=900
 # tools/site/capture.py only reads nbval's results; it also puts tests/browser/test_site.py after the notebooks.
 BOOK_CAPTURE := -p tools.site.capture --executed-to=build/executed
 
-.PHONY: lab test site screenshots busy-check setup model doctor bench notebooks lock clean
+.PHONY: lab test test-fast durations site screenshots busy-check setup model doctor bench notebooks lock clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "LLM Anatomy needs Python 3.11 or newer (transformers 5 does); found " + sys.version.split()[0])'
@@ -38,7 +38,17 @@ lab: model
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: model
-	$(BIN)/python -m pytest tests notebooks $(NBVAL) -p no:cacheprovider --durations=25 $(BOOK_CAPTURE) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests notebooks $(NBVAL) -p no:cacheprovider --durations=25 $(BOOK_CAPTURE) \
+	    --junitxml=build/junit.xml $(PYTEST_ARGS)
+
+# A contributor's quick run: the unit tests without notebooks and browser, leaving out those slower than 1 s in the
+# last full run (tests/DURATIONS.md lists them). Every test still runs in make test.
+test-fast: model
+	LLM_ANATOMY_FAST=1 $(BIN)/python -m pytest tests -m "not browser" -p no:cacheprovider -q $(PYTEST_ARGS)
+
+# The full run, then tests/DURATIONS.md from its timings (the 50 slowest, and the list test-fast leaves out).
+durations: test
+	$(BIN)/python tools/durations.py build/junit.xml
 
 # The book: nbval executes every notebook once on this machine's default device (outputs kept), the browser tests
 # save the widget stills and check the book, then the book is rendered from that one execution. A notebook that

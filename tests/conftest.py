@@ -55,7 +55,26 @@ def ours(reference_tokenizer):
     return BPETokenizer.from_hf(reference_tokenizer)
 
 
+def _fast_run(config, items) -> None:
+    """make test-fast (LLM_ANATOMY_FAST=1): leave out the tests tests/DURATIONS.md lists as slow in the last full run."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    import durations  # repository upkeep, not part of the package
+
+    listed = root / "tests" / "DURATIONS.md"
+    slow = durations.slow_tests(listed.read_text()) if listed.exists() else set()
+    keep = [item for item in items if item.nodeid not in slow]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in slow])
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LLM_ANATOMY_FAST"):
+        _fast_run(config, items)
     for item in items:
         if "real" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
