@@ -204,7 +204,8 @@ def run_reading_pool(scheduler, requests) -> tuple[list[Request], PoolUse]:
     for r in fresh:
         scheduler.submit(r)
     pool, use = scheduler.pool, PoolUse(scheduler.pool.block_size)
-    while scheduler.step():
+    while scheduler.has_unfinished():
+        scheduler.step()
         use.held_blocks.append(pool.num_blocks - pool.allocator.num_free)
         use.tokens.append(sum(a.computed for a in scheduler.running))
         use.rows.append(len(scheduler.running))

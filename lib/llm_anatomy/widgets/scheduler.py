@@ -93,7 +93,7 @@ class SchedulerWidget(CourseWidget, W.VBox):
             raise CourseError(f"At most {len(self.tokens)} fresh prompt tokens, not {n}.")
         start = self._start if self._start + n <= len(self.tokens) else 0
         prompt = (self.shared_prefix if shared else []) + self.tokens[start:start + n]
-        request = self.scheduler.submit(Request(prompt, out, arrival_s=self.scheduler.now))  # checks everything
+        request = self.scheduler.submit(Request(prompt, out, arrival_s=self.scheduler.stats().now_s))  # checks all
         self._start = start + n
         self.refresh()
         return request
@@ -101,16 +101,19 @@ class SchedulerWidget(CourseWidget, W.VBox):
     @guarded
     def step(self) -> None:
         """One iteration of the scheduler (a note when there is nothing to do)."""
-        if not self.scheduler.step():
+        if not self.scheduler.has_unfinished():
             self.error.show_note("Nothing to do: submit a request first.")
+        else:
+            self.scheduler.step()
         self.refresh()
 
     @guarded
     def run_to_end(self, max_steps: int = 500) -> None:
         """Step until every submitted request is done (at most max_steps iterations)."""
         for _ in range(max_steps):
-            if not self.scheduler.step():
+            if not self.scheduler.has_unfinished():
                 break
+            self.scheduler.step()
         self.refresh()
 
     @guarded
