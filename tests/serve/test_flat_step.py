@@ -29,14 +29,15 @@ def _both_ways(model, tokens, cached, block_size=4):
         tables = [pool.allocate(-(-len(t) // block_size)) for t in tokens]
         before = [(tb, t[:c]) for tb, t, c in zip(tables, tokens, cached) if c]
         ids, _ = left_pad([t for _, t in before])
-        prefill(model, ids, RaggedPagedView(pool, [tb for tb, _ in before], [0] * len(before),
-                                            [len(t) for _, t in before]))
+        view = RaggedPagedView(pool, [tb for tb, _ in before], [0] * len(before), [len(t) for _, t in before])
+        prefill(model, ids, view, positions=view.positions, attention_mask=view.mask)
         news = [t[c:] for t, c in zip(tokens, cached)]
         if flat:
             out.append(flat_step(model, pool, tables, cached, news))
         else:
             view = RaggedPagedView(pool, tables, cached, [len(n) for n in news])
-            out.append(prefill(model, left_pad(news)[0], view).logits[:, -1])
+            out.append(prefill(model, left_pad(news)[0], view, positions=view.positions,
+                               attention_mask=view.mask).logits[:, -1])
     return out
 
 
