@@ -253,11 +253,11 @@ class ScratchLlama(nn.Module):
         key_mask = None
         if attention_mask is not None:
             keys = None if past is None else past + s  # else only attention knows them (Attention.masked_kernel)
-            width = attention_mask.shape[-1]
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != b or (width != keys if keys else width < s):
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else ()
+            if len(shape) != 2 or shape[0] != b or (shape[1] != keys if keys else shape[1] < s):
                 want = f"{(b, keys)}" if keys is not None else f"({b}, keys >= {s})"
                 raise CourseError(f"attention_mask must be [batch, keys] = {want}, one column per key attention "
-                                  f"reads, not {tuple(attention_mask.shape)}.")
+                                  f"reads, not {shape or type(attention_mask).__name__}.")
             key_mask = attention_mask.to(start.device).bool()  # a mask made on the CPU for ids on a GPU
         positions = self._positions(positions, key_mask, past, b, s, start.device, check_range)
         cos, sin = self.rope(positions)
