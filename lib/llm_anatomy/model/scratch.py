@@ -8,9 +8,10 @@ attention weights. A KVCache from `new_cache()` makes decoding feed only the new
 with its interface (kv_cache.KVCacheInterface) works the same way. As in transformers, each new token's RoPE position
 (`positions`, transformers' position_ids) and the keys it may read (`attention_mask`) come with the tokens, from
 whoever built the batch; the cache only stores and attends. Without them the model counts from the mask, or places
-the tokens after the cache's `length`, and checks the largest position against the context once, for every cache. `attention="sdpa"` (or `model.attention = "sdpa"`)
-swaps the written-out attention for torch's fused kernel, the same numbers to rounding (notebook 07). Like transformers' model, ours is differentiable;
-the inference paths (generate/decode.py) run it under torch.inference_mode.
+the tokens after the cache's `length`, and checks the largest position against the context once, for every cache.
+`attention="sdpa"` (or `model.attention = "sdpa"`) swaps the written-out attention for torch's fused kernel, the same
+numbers to rounding (notebook 07). Like transformers' model, ours is differentiable; the inference paths
+(generate/decode.py) run it under torch.inference_mode.
 """
 
 from __future__ import annotations

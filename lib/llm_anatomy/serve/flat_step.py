@@ -18,7 +18,8 @@ None of this is a second forward pass: `FlatPagedBatch` is one more cache (a KVC
 trace runs the step. flat_step builds the batch, so it computes the positions (selective.flat_positions) and passes
 them with the ids, as vLLM's model runner does; the model checks each one against the context. The cache lays the
 rows end to end (selective.FlatBatch), writes K and V through the pool's one writer and reads a prompt chunk's keys
-through its one reader (paged_kv.RaggedPagedView); a decode row's blocks are read in place. The logits equal the padded view's to float rounding (tests/serve/test_flat_step.py).
+through its one reader (paged_kv.RaggedPagedView); a decode row's blocks are read in place. The logits equal the
+padded view's to float rounding (tests/serve/test_flat_step.py).
 """
 
 from __future__ import annotations
