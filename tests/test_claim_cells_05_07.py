@@ -16,7 +16,6 @@ from llm_anatomy.claims import ClaimFailed, claim, reading
 from llm_anatomy.generate import decode, decode_check
 from llm_anatomy.generate.chat import chat_prompt_ids
 from llm_anatomy.measure import cache_speedup
-from llm_anatomy.model.kv_cache import KVCache
 from llm_anatomy.model.scratch import ScratchLlama
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -62,9 +61,9 @@ def test_05_c8_holds(course05):
 
 @pytest.mark.counterfactual("C8", "05's cell on the real model, decode steps' RoPE positions shifted by +3")
 def test_05_c8_fails_when_decode_positions_are_shifted(course05, monkeypatch):
-    real_positions = KVCache.positions
-    monkeypatch.setattr(KVCache, "positions", lambda self, new, key_mask, device: real_positions(
-        self, new, key_mask, device) + (3 if new == 1 else 0))
+    real_step = decode.decode_step  # the loop passes each decode step's position 3 too far
+    monkeypatch.setattr(decode, "decode_step", lambda model, ids, cache, **kw: real_step(
+        model, ids, cache, positions=torch.tensor([cache.length + 3], device=ids.device), **kw))
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
         run_cells(cell_source(*C8_05), namespace=dict(course05))
 

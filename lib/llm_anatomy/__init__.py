@@ -5,7 +5,7 @@
     tokens/     pretokenize bpe_train bpe_hf bpe     01 Tokens
     model/      embeddings rope attention explore    02 Embeddings and positions, 03 Attention (explore: the explorer's data)
                 config scratch ablations logit_lens  04 The forward pass (config: the one reader of model configs)
-                kv_cache                             06 The KV cache (and KVCacheInterface, what every cache provides)
+                kv_cache                             06 The KV cache (and KVCacheInterface: a cache stores and attends)
     generate/   sampling decode session steps chat   05 Generation, 06 (the one decoding loop: prefill, decode_step)
     measure/    timing peaks roofline overhead ...   07 Prefill and decode, and what every later stage measures with:
                 exactness stats quality                 the checks against transformers, chi-squared, quality losses

@@ -18,8 +18,7 @@ from llm_anatomy.generate.decode_check import check_decode, full_pass_logits, tr
 from llm_anatomy.measure.cache_speedup import CountedRun, check_cache_speedup, time_cache_runs
 from llm_anatomy.measure.kv_memory import check_kv_bytes, measure_kv_bytes
 from llm_anatomy.model import kv_cache as kv_cache_module
-from llm_anatomy.model.kv_cache import (KVCache, check_prefill_cache, kv_cache_bytes, rope_positions,
-                                        transformers_prefill_kv)
+from llm_anatomy.model.kv_cache import KVCache, check_prefill_cache, kv_cache_bytes, transformers_prefill_kv
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.weights.random import random_llama
 
@@ -53,19 +52,19 @@ def test_c8_holds_for_the_course_loop(pair, prompt):
     assert "C8 holds" in str(c8(pair, prompt))
 
 
-def shifted_cache(shift):
-    class Shifted(KVCache):
-        def positions(self, new, key_mask, device):  # the decode steps' RoPE positions, off by `shift`
-            positions = rope_positions(key_mask, self.length, new, device)
-            return positions + shift if new == 1 else positions
-    return Shifted
+def shift_decode_positions(monkeypatch, shift):
+    """The loop passes each decode step's RoPE position off by `shift` (the positions are the caller's to give)."""
+    real_step = decode.decode_step
+    monkeypatch.setattr(decode, "decode_step", lambda model, ids, cache, **kw: real_step(
+        model, ids, cache, positions=torch.tensor([cache.length + shift]), **kw))
 
 
 @pytest.mark.counterfactual("C8", "decode steps' RoPE positions shifted by +1, +3 or +8")
 @pytest.mark.parametrize("shift", [1, 3, 8])
-def test_c8_fails_when_decode_positions_are_shifted(pair, prompt, shift):
+def test_c8_fails_when_decode_positions_are_shifted(pair, prompt, shift, monkeypatch):
+    shift_decode_positions(monkeypatch, shift)
     with pytest.raises(ClaimFailed, match="C8 FAILED"):
-        c8(pair, prompt, cache=new_cache(pair[1], shifted_cache(shift)))
+        c8(pair, prompt)
 
 
 class NotAppended(KVCache):

@@ -117,7 +117,7 @@ def test_the_formula_in_plain_numbers_matches_the_config_reader():
 
 def test_every_cache_of_the_course_has_the_one_interface(tiny_model):
     """KVCache, the paged caches (notebook 08) and the CUDA-graph slot writer all are KVCacheInterfaces, and the
-    model runs on each of them the same way."""
+    model runs on each of them the same way (a view given its positions by whoever built it)."""
     from llm_anatomy.generate.decode import SlotWriter
     from llm_anatomy.model.kv_cache import KVCacheInterface
     from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView
@@ -131,8 +131,11 @@ def test_every_cache_of_the_course_has_the_one_interface(tiny_model):
     assert not isinstance(object(), KVCacheInterface)
     ids = torch.tensor([[5, 6, 7]])
     want = model(ids, contiguous)[:, -1]
-    for cache in caches[1:3]:
-        assert (model(ids, cache)[:, -1] - want).abs().max() < 1e-5
+    paged, view = caches[1:3]
+    assert (model(ids, paged)[:, -1] - want).abs().max() < 1e-5
+    assert (model(ids, view, view.mask, positions=view.positions)[:, -1] - want).abs().max() < 1e-5
+    for cache in caches:  # the interface is what a cache does; the positions and the mask are the batch's
+        assert not hasattr(cache, "key_mask") and not callable(getattr(cache, "positions", None))
 
 
 def test_an_object_with_only_the_attention_numbers_is_enough():

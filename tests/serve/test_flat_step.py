@@ -16,6 +16,7 @@ from llm_anatomy.serve.sampler import SamplingParams
 from llm_anatomy.serve.flat_step import flat_step
 from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView
 from llm_anatomy.serve.scheduler import ContinuousScheduler
+from llm_anatomy.serve.selective import flattened_prefill
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
 
@@ -29,14 +30,15 @@ def _both_ways(model, tokens, cached, block_size=4):
         tables = [pool.allocate(-(-len(t) // block_size)) for t in tokens]
         before = [(tb, t[:c]) for tb, t, c in zip(tables, tokens, cached) if c]
         ids, _ = left_pad([t for _, t in before])
-        prefill(model, ids, RaggedPagedView(pool, [tb for tb, _ in before], [0] * len(before),
-                                            [len(t) for _, t in before]))
+        view = RaggedPagedView(pool, [tb for tb, _ in before], [0] * len(before), [len(t) for _, t in before])
+        prefill(model, ids, view, positions=view.positions, attention_mask=view.mask)
         news = [t[c:] for t, c in zip(tokens, cached)]
         if flat:
             out.append(flat_step(model, pool, tables, cached, news))
         else:
             view = RaggedPagedView(pool, tables, cached, [len(n) for n in news])
-            out.append(prefill(model, left_pad(news)[0], view).logits[:, -1])
+            out.append(prefill(model, left_pad(news)[0], view, positions=view.positions,
+                               attention_mask=view.mask).logits[:, -1])
     return out
 
 
@@ -117,3 +119,45 @@ def test_real_model_flattened_logits_equal_the_padded_views(real):
     flat, padded = _both_ways(model, tokens, [len(tokens[0]) - 1, 0, 5], block_size=8)
     torch.testing.assert_close(flat, padded, atol=1e-4, rtol=1e-4)
     assert flat.argmax(-1).tolist() == padded.argmax(-1).tolist()
+
+
+# --------------------------------------------------------------------------- bug 1: the context is each row's
+
+
+@pytest.fixture(scope="module")
+def short():
+    """A tiny model whose context is 16 positions: three prompts of 8 each fit it, their 24 tokens together do not."""
+    from llm_anatomy.weights.random import random_llama
+
+    return ScratchLlama.from_hf(random_llama(max_position_embeddings=16))
+
+
+def test_rows_that_each_fit_the_context_are_served_flattened_whatever_their_total(short):
+    """Issue 45 bug 1: a flattened batch told the model it was one row of all its tokens, so the context was checked
+    against their sum and this iteration (3 prompts of 8, a context of 16) was refused."""
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 128, (8,), generator=g).tolist() for _ in range(3)]
+    pool = PagedKVPool.for_model(short, 16, 4)
+    tables = [pool.allocate(2) for _ in prompts]
+    logits = flat_step(short, pool, tables, [0, 0, 0], prompts)  # 24 tokens in one call
+    flat = flattened_prefill(short, prompts)
+    with torch.no_grad():
+        for row, p in enumerate(prompts):
+            alone = short(torch.tensor([p]))[0]  # [8, vocab]
+            torch.testing.assert_close(logits[row], alone[-1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(flat[row], alone, atol=1e-5, rtol=1e-5)
+    requests = [Request(p, 6) for p in prompts]  # each row reaches 14 positions of 16
+    padded, ours, flat_engine, theirs = _runs(short, requests, max_batch=3)  # max_batched_tokens=None
+    alone = [generate_greedy(short, torch.tensor([r.prompt]), 6).tokens[0].tolist() for r in requests]
+    assert [r.output for r in theirs] == [r.output for r in ours] == alone
+    assert flat_engine.calls[0].tokens == 24  # the whole iteration, 24 tokens, in one flattened call
+
+
+def test_a_row_past_the_context_is_still_refused_flattened(short):
+    pool = PagedKVPool.for_model(short, 16, 4)
+    tables = [pool.allocate(5), pool.allocate(1)]
+    with pytest.raises(CourseError, match="17 positions exceed the model's context of 16"):
+        flat_step(short, pool, tables, [16, 0], [[5], [6]])
+    assert all(not k.any() for k in pool.keys)  # refused before anything was written
+    with pytest.raises(CourseError, match="17 positions exceed the model's context of 16"):
+        flattened_prefill(short, [list(range(3, 20)), [5]])

@@ -175,14 +175,25 @@ def test_running_out_of_blocks_mid_decode_is_refused_and_changes_nothing(tiny):
     assert other.length == 1 and len(other.block_tables[0]) == 1
 
 
-def test_padding_is_refused_before_anything_is_written(tiny):
-    pool = PagedKVPool.for_model(tiny, num_blocks=4, block_size=4)
-    cache = pool.new_cache(2)
-    with pytest.raises(CourseError, match="padding"):
-        tiny(torch.tensor([[2, 5, 6], [7, 8, 9]]), cache, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
-    assert cache.length == 0 and cache.block_tables == [[], []] and pool.allocator.num_free == 4
-    tiny(torch.tensor([[4, 5, 6], [7, 8, 9]]), cache, attention_mask=torch.ones(2, 3, dtype=torch.long))  # no padding
-    assert cache.length == 3
+def test_a_padded_batch_is_served_as_the_contiguous_cache_serves_it(tiny):
+    """The caller's mask hides the padding, at the prefill and (extended) at each decode step: the paged cache stores
+    no padding of its own, and gives the contiguous cache's logits, bit for bit."""
+    from llm_anatomy.generate.decode import extend_mask
+
+    pool = PagedKVPool.for_model(tiny, num_blocks=8, block_size=4)
+    ids, mask = torch.tensor([[2, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    logits = []
+    for cache in (pool.new_cache(2), tiny.new_cache(2, 8)):
+        steps = [prefill(tiny, ids, cache, attention_mask=mask).logits]
+        step_mask = mask
+        for token in (11, 12):
+            step_mask = extend_mask(step_mask)  # [2, 4], then [2, 5]
+            steps.append(decode_step(tiny, torch.tensor([[token], [token]]), cache, attention_mask=step_mask).logits)
+        assert cache.length == 5
+        logits.append(torch.cat(steps, 1))
+    assert torch.equal(*logits)
+    alone = prefill(tiny, torch.tensor([[5, 6, 11, 12]]), tiny.new_cache(1, 8), logits_to_keep=0).logits
+    assert torch.allclose(logits[0][0], alone[0, 1:], atol=1e-5)  # the padded row reads as if alone
 
 
 # --------------------------------------------------------------------------- sharing a prefix: fork and copy-on-write
@@ -257,16 +268,18 @@ def test_ragged_rows_in_one_call_equal_each_row_alone(tiny):
     """Rows of different cached lengths, adding different numbers of tokens, in one paged call: the same logits as
     each row alone; a single row without padding gives exactly the contiguous cache's logits."""
     pool = PagedKVPool.for_model(tiny, 24, 4)
+    _through = lambda step, ids, view: step(tiny, ids, view, positions=view.positions,  # noqa: E731 as the runner
+                                            attention_mask=view.mask)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33, 34]]
     chunks = [[40, 41, 42], [50], [60, 61, 62, 63, 64, 65]]  # then a chunk of 3, a decode, a chunk of 6
     tables = [[pool.allocator.allocate() for _ in range(blocks_for(len(p) + len(c), 4))]
               for p, c in zip(prompts, chunks)]
     first = RaggedPagedView(pool, tables, [0, 0, 0], [len(p) for p in prompts])  # all prompts in one call
     ids = torch.tensor([[0] * (7 - len(p)) + p for p in prompts])
-    out = prefill(tiny, ids, first).logits[:, -1]
+    out = _through(prefill, ids, first).logits[:, -1]
     second = RaggedPagedView(pool, tables, [len(p) for p in prompts], [len(c) for c in chunks])
     ids = torch.tensor([[0] * (6 - len(c)) + c for c in chunks])
-    out2 = prefill(tiny, ids, second).logits[:, -1]
+    out2 = _through(prefill, ids, second).logits[:, -1]
     for i, (p, c) in enumerate(zip(prompts, chunks)):
         for got, seq in ((out[i], p), (out2[i], p + c)):
             alone = prefill(tiny, torch.tensor([seq]), tiny.new_cache(1, 16)).logits[0, -1]
@@ -275,8 +288,8 @@ def test_ragged_rows_in_one_call_equal_each_row_alone(tiny):
     assert first.mask is not None and second.mask is not None
     contiguous = tiny.new_cache(1, 16)
     a = prefill(tiny, torch.tensor([prompts[0]]), contiguous).logits
-    b = prefill(tiny, torch.tensor([prompts[0]]), RaggedPagedView(pool, [tables[0]], [0], [len(prompts[0])])).logits
+    b = _through(prefill, torch.tensor([prompts[0]]), RaggedPagedView(pool, [tables[0]], [0], [len(prompts[0])])).logits
     assert torch.equal(a, b)  # one row, no padding: bit for bit
     c = decode_step(tiny, torch.tensor([[3]]), contiguous).logits
-    d = decode_step(tiny, torch.tensor([[3]]), RaggedPagedView(pool, [tables[0]], [7], [1])).logits
+    d = _through(decode_step, torch.tensor([[3]]), RaggedPagedView(pool, [tables[0]], [7], [1])).logits
     assert torch.equal(c, d)

@@ -33,13 +33,16 @@ def test_no_prompt_or_an_empty_one_is_refused(tiny):
 
 
 def test_the_flattened_batch_is_one_more_cache_for_the_models_own_forward(tiny):
-    from llm_anatomy.serve.selective import FlatBatch
+    from llm_anatomy.serve.selective import FlatBatch, flat_positions
 
-    batch = FlatBatch([3, 1, 2], cached=[0, 5, 2])
-    assert batch.positions(6, None, "cpu").tolist() == [0, 1, 2, 5, 2, 3]  # each token at its own row's position
+    batch = FlatBatch([3, 1, 2])
+    assert flat_positions([0, 5, 2], [3, 1, 2]).tolist() == [0, 1, 2, 5, 2, 3]  # each token at its own row's position
     assert batch.spans == [(0, 3), (3, 4), (4, 6)] and batch.last.tolist() == [2, 3, 5]
-    with pytest.raises(CourseError, match="no padding"):
-        batch.key_mask(6, torch.ones(1, 6))
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with pytest.raises(CourseError, match="positions"):  # the builder's to give: the batch counts none
+        tiny(ids, batch)
+    with pytest.raises(CourseError, match="attention_mask"):  # a row's keys are its own stretch, not the stream
+        tiny(ids, batch, torch.ones(1, 6), positions=flat_positions([0, 0, 0], [3, 1, 2]))
     calls = []
     original = tiny.layers[0].self_attn.kernel
     tiny.layers[0].self_attn.kernel = lambda q, k, v, **kw: (calls.append(q.shape[2]), original(q, k, v, **kw))[1]

@@ -8,8 +8,10 @@
 (session.py), the benchmarks, the checks against transformers, speculative decoding (whose verify pass is a
 prefill that keeps the logits of every position it feeds) and the notebooks. `generate_greedy` strings them into a
 loop (and, with use_cache=False, shows what a model without a cache must do instead: run the whole sequence again
-at every step). `left_pad` makes one rectangle of prompts of different lengths. `StaticDecoder` is the same decode
-step with fixed shapes, so that a CUDA graph can record it once and replay it (notebook 07 and the bench).
+at every step). `left_pad` makes one rectangle of prompts of different lengths, with its attention mask; as in
+transformers' generate, the decode loop keeps that mask and extends it by one column of 1 each step (`extend_mask`),
+since the padding is the batch's, not the cache's. `StaticDecoder` is the same decode step with fixed shapes, so that
+a CUDA graph can record it once and replay it (notebook 07 and the bench): it passes its own positions and mask.
 """
 
 from __future__ import annotations
@@ -20,35 +22,57 @@ import torch
 
 from ..device import timed as timed_call
 from ..errors import CourseError
+from ..model.config import check_context
 from ..model.kv_cache import KVCache, KVCacheInterface
 
 
 @torch.inference_mode()
 def prefill(model, prompt_ids: torch.Tensor, cache: KVCacheInterface, *, attention_mask: torch.Tensor | None = None,
-            attention_layers=(), logits_to_keep: int = 1):
+            positions: torch.Tensor | None = None, attention_layers=(), logits_to_keep: int = 1):
     """Run the prompt `[batch, seq]` (or the next chunk of it) through the model, appending its K and V to `cache`.
 
+    attention_mask `[batch, keys]` (0: padding) and positions `[seq]` or `[batch, seq]`: as in the model's trace.
     Returns the model's output (llm_anatomy.model.scratch.ScratchOutput) with the logits of the last
     `logits_to_keep` positions, `[batch, logits_to_keep, vocab]` (0: every position), and the attention weights of
-    `attention_layers`. A call that fails leaves the cache's length as it was, so no half-written position is ever
+    `attention_layers`. A call that fails leaves a cache's length as it was, so no half-written position is ever
     counted.
     """
-    length_before = cache.length
+    length_before = getattr(cache, "length", None)  # a view counts no positions: nothing to rewind
     try:
-        return model.trace(prompt_ids, cache, attention_mask, keep_hidden=False, attention_layers=attention_layers,
-                           logits_to_keep=logits_to_keep)
+        return model.trace(prompt_ids, cache, attention_mask, positions=positions, keep_hidden=False,
+                           attention_layers=attention_layers, logits_to_keep=logits_to_keep)
     except Exception:
-        cache.length = length_before
+        if length_before is not None:
+            cache.length = length_before
         raise
 
 
-def decode_step(model, token_ids: torch.Tensor, cache: KVCacheInterface, *, attention_layers=()):
-    """Feed only the newest token `[batch, 1]`: its K and V are appended to `cache`; logits `[batch, 1, vocab]`."""
+def decode_step(model, token_ids: torch.Tensor, cache: KVCacheInterface, *, attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, attention_layers=()):
+    """Feed only the newest token `[batch, 1]`: its K and V are appended to `cache`; logits `[batch, 1, vocab]`.
+
+    attention_mask: a padded batch's mask, extended to this step (extend_mask); positions: as in prefill."""
     if token_ids.dim() != 2 or token_ids.shape[1] != 1:
         raise CourseError(f"A decode step feeds one token per sequence, [batch, 1], not {tuple(token_ids.shape)}.")
-    if cache.length == 0:
+    if getattr(cache, "length", None) == 0:
         raise CourseError("The cache is empty: prefill the prompt before the first decode step.")
-    return prefill(model, token_ids, cache, attention_layers=attention_layers)
+    return prefill(model, token_ids, cache, attention_mask=attention_mask, positions=positions,
+                   attention_layers=attention_layers)
+
+
+def extend_mask(attention_mask: torch.Tensor | None, new: int = 1) -> torch.Tensor | None:
+    """The mask for the next call, as transformers' generate extends it: `attention_mask` `[batch, keys]` with `new`
+    columns of 1 after it (the new tokens are real ones), `[batch, keys + new]`. None (nothing padded) stays None."""
+    if attention_mask is None:
+        return None
+    ones = torch.ones(attention_mask.shape[0], new, dtype=attention_mask.dtype, device=attention_mask.device)
+    return torch.cat([attention_mask, ones], dim=1)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`attention_mask` when it marks some padding, else None: the decode steps of a batch with no padding then read
+    every key without a mask, as the prefill's mask allowed."""
+    return None if attention_mask is None or bool(attention_mask.bool().all()) else attention_mask
 
 
 def left_pad(rows: list[list[int]], pad_id: int = 0, device: torch.device | str | None = None):
@@ -146,26 +170,16 @@ def greedy_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_toke
 
 class SlotWriter(KVCacheInterface):
     """The cache as a fixed-shape step sees it (a KVCacheInterface): the write position is a tensor, `pos`, and
-    attention reads every one of the cache's `max_len` slots, the key mask hiding those not written yet.
-
-    To the model each step then looks the same: max_len - 1 earlier positions and one new token. Its RoPE position is
-    the count of real keys before it (slots 0 .. pos - 1), as it is for a left-padded prompt: `pos` itself.
+    attention reads every one of the cache's `max_len` slots. The step passes the mask that hides the slots not
+    written yet, and the new token's RoPE position: the count of real keys before it (slots 0 .. pos - 1), `pos`.
     """
 
     def __init__(self, cache: KVCache, pos: torch.Tensor):
         self.cache, self.pos = cache, pos
-        self.slots = torch.arange(cache.max_len, device=pos.device)  # [max_len]
-
-    @property
-    def length(self) -> int:
-        return self.cache.max_len - 1  # new: the step reads every slot, whichever are written
 
     @property
     def batch_size(self) -> int:
         return self.cache.batch_size
-
-    def key_mask(self, new: int, attention_mask=None) -> torch.Tensor:
-        return (self.slots <= self.pos).expand(self.batch_size, -1)  # new: [batch, max_len], True for written slots
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         self.cache.keys[layer].index_copy_(2, self.pos, k)  # new: the slot comes from a tensor, not a Python int
@@ -183,19 +197,22 @@ class StaticDecoder:
     on those launches longer than it computes. A recorded graph replays the kernels alone, so nothing that
     changes from step to step may live in Python. What this adds over decode_step, and why:
     - the position lives in a tensor (`pos`), not a Python int, so the recorded graph stays valid;
-    - attention reads all `max_len` slots of the cache, with a key mask that hides the slots not yet written
-      (the SlotWriter above);
-    - the step skips reading the token id back to check its range: the model chose it, so it is in range.
+    - attention reads all `max_len` slots of the cache (the SlotWriter above), and the step passes a mask that hides
+      the slots not yet written, `slots <= pos`, and the position `pos`, both computed on the device inside the step;
+    - the step skips reading the token id and its position back to check them: the model chose the id, and the
+      decoder refuses at the start a max_len beyond the model's context.
     The forward pass is the model's own: nothing of the model is written twice.
     """
 
     def __init__(self, model, batch: int, max_len: int):
+        check_context(max_len, model.cfg.max_position_embeddings)  # the step reads no position back: refuse it here
         self.model = model
         self.cache = model.new_cache(batch, max_len)
         device = model.device
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [batch, 1] the newest token
         self.pos = torch.zeros(1, dtype=torch.long, device=device)  # where the newest token's K and V go
         self.writer = SlotWriter(self.cache, self.pos)
+        self.slots = torch.arange(max_len, device=device)  # [max_len]
         self.graph = None
 
     @torch.inference_mode()
@@ -207,7 +224,9 @@ class StaticDecoder:
         self.pos.fill_(prompt_ids.shape[1])
 
     def _step(self) -> None:
-        out = self.model.trace(self.token, self.writer, keep_hidden=False, logits_to_keep=1, check_range=False)
+        mask = (self.slots <= self.pos).expand(self.token.shape[0], -1)  # [batch, max_len]: the slots written
+        out = self.model.trace(self.token, self.writer, mask, positions=self.pos, keep_hidden=False,
+                               logits_to_keep=1, check_range=False)
         self.token.copy_(out.logits[:, -1:].argmax(-1))  # logits [batch, 1, vocab]
 
     @torch.inference_mode()

@@ -78,9 +78,9 @@ def padded_differences(hf_model, scratch: ScratchLlama, ids: torch.Tensor, mask:
                        steps: int = 8) -> dict:
     """A left-padded batch: full forward, then `steps` cached greedy steps, vs transformers (real tokens only).
 
-    transformers gets the positions as generate() computes them (padding does not count); our cache is given the
-    mask once, at prefill, and remembers the padding itself. Also compares each row with the same prompt run alone,
-    without padding.
+    transformers gets the positions as generate() computes them (padding does not count); ours is given the same
+    mask at every call, extended by a column each step (the cache stores keys and values, never the padding). Also
+    compares each row with the same prompt run alone, without padding.
     """
     from transformers import DynamicCache
 
@@ -100,7 +100,7 @@ def padded_differences(hf_model, scratch: ScratchLlama, ids: torch.Tensor, mask:
     for step in range(steps + 1):
         ref = hf(feed, attention_mask=mask, position_ids=feed_positions, cache=ref_cache, use_cache=True).logits
         out = prefill(scratch, feed, cache, attention_mask=mask, logits_to_keep=0) if step == 0 else \
-            decode_step(scratch, feed, cache)
+            decode_step(scratch, feed, cache, attention_mask=mask)
         rows_real = mask[:, -feed.shape[1]:].bool()
         worst = max(worst, float((out.logits - ref)[rows_real].abs().max()))
         feed = ref[:, -1:].argmax(-1)

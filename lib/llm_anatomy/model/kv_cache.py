@@ -4,15 +4,19 @@ One preallocated tensor per layer for keys and one for values, `[batch, kv_heads
 and a length: how many positions are filled. Each forward pass writes its new positions at
 `length` in every layer, then advances `length` once.
 
-What the model asks of a cache has a name, `KVCacheInterface`: this contiguous KVCache implements it, and so do the
-paged caches of notebook 08 (serve/paged_kv.py), the fixed slots that a CUDA graph replays (generate/decode.py),
-and the flattened batches that lay a whole batch end to end in one row (serve/selective.py, serve/flat_step.py).
+What the model asks of a cache has a name, `KVCacheInterface`: store the new keys and values, let attention read
+them, count them as cached. This contiguous KVCache implements it, and so do the paged caches of notebook 08
+(serve/paged_kv.py), the fixed slots that a CUDA graph replays (generate/decode.py), and the flattened batches that
+lay a whole batch end to end in one row (serve/selective.py, serve/flat_step.py). Where each new token sits (its RoPE
+position) and which keys it may read (the attention mask) are not the cache's business: whoever builds the batch
+passes them to the model, as transformers' generate passes position_ids and attention_mask. A padded batch's mask
+grows by a column of 1 per decode step (generate/decode.py, extend_mask).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import torch
 
 from .config import attention_layout
@@ -22,27 +26,22 @@ from ..errors import CourseError
 class KVCacheInterface:
     """What ScratchLlama asks of a cache in one forward pass, wherever the keys and values live.
 
-    length: the positions already cached, which the new ones follow (prefill and the speculative verify pass
-        rewind it after a failure or a rejected draft: `cache.length = n`).
     batch_size: the sequences it holds, one per row of the input.
-    key_mask(new, attention_mask): before the blocks run, the keys the call adding `new` positions may attend to,
-        `[batch, length + new]` bool (False: padding), or None when every key may be read.
     update(layer, k, v): in each layer, store the new keys and values `[batch, kv_heads, new, head_dim]` and give back
-        every key and value attention reads, `[batch, kv_heads, length + new, head_dim]`.
+        every key and value attention reads, `[batch, kv_heads, keys, head_dim]`.
+    attend(layer, q, k, v, kernel): where attention meets the cache: by default store the new k and v (update), then
+        run `kernel` (the layer's attention, masks included) over what the cache holds; a cache that lays its rows out
+        another way replaces it (serve/selective.py and serve/flat_step.py put a whole batch end to end in one row).
+        Returns (out, weights or None).
     advance(new): after the last layer, count the new positions as cached.
 
-    Two more have a default here, and a cache that lays its rows out another way replaces them (serve/selective.py
-    and serve/flat_step.py put a whole batch end to end in one row):
-    positions(new, key_mask): the RoPE position of each new token, `[new]` or `[batch, new]`.
-    attend(layer, q, k, v, kernel): where attention meets the cache: store the new k and v, then run `kernel`
-        (the layer's attention, masks included) over what the cache holds. Returns (out, weights or None).
+    The positions and the key mask are the batch builder's, passed to the model with the tokens. A cache that keeps
+    one honest count of its positions (KVCache, paged_kv.PagedSequenceCache) has a `length` too: the model then
+    places new tokens after it when no positions are given, and prefill and the speculative verify pass rewind it
+    after a failure or a rejected draft (`cache.length = n`).
     """
 
-    length: int = 0
     batch_size: int  # an attribute or a property
-
-    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        raise NotImplementedError
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -50,16 +49,14 @@ class KVCacheInterface:
     def advance(self, new: int) -> None:
         raise NotImplementedError
 
-    def positions(self, new: int, key_mask: torch.Tensor | None, device) -> torch.Tensor:
-        return rope_positions(key_mask, self.length, new, device)
-
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel):
         return kernel(q, *self.update(layer, k, v))
 
 
 def rope_positions(key_mask: torch.Tensor | None, past: int, new: int, device) -> torch.Tensor:
-    """RoPE positions of `new` tokens after `past`: `[new]`, or `[batch, new]` when left padding shifts them (a
-    token's position is the count of real tokens before it)."""
+    """RoPE positions of `new` tokens after `past`: `[new]`, or `[batch, new]` when a mask `[batch, past + new]`
+    (False: padding) says where the padding is: a token's position is the count of real tokens before it, as
+    transformers' generate computes position_ids from attention_mask."""
     if key_mask is None:
         return torch.arange(past, past + new, device=device)
     return (key_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
@@ -72,8 +69,6 @@ class KVCache(KVCacheInterface):
     keys: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
     values: list[torch.Tensor]  # per layer: [batch, kv_heads, max_len, head_dim]
     length: int = 0  # positions filled so far
-    pad_mask: torch.Tensor | None = field(default=None)  # [batch, max_len] bool, False = padding
-    padded: bool = False  # whether pad_mask holds any padding: decode steps then skip reading it
 
     @classmethod
     def allocate(cls, num_layers: int, batch_size: int, kv_heads: int, max_len: int, head_dim: int,
@@ -84,8 +79,7 @@ class KVCache(KVCacheInterface):
         shape = (batch_size, kv_heads, max_len, head_dim)
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        pad_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
-        return cls(keys, values, 0, pad_mask)
+        return cls(keys, values, 0)
 
     @property
     def max_len(self) -> int:
@@ -110,25 +104,6 @@ class KVCache(KVCacheInterface):
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
-    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The key mask for a call that adds `new` positions: `[batch, length + new]` bool, or None when
-        nothing is padding.
-
-        attention_mask: `[batch, length + new]` of 1 (token) and 0 (padding) for this call, or None when the
-        new tokens are real ones. The cache remembers which positions are padding, so later calls need no mask.
-        """
-        end = self.length + new
-        if attention_mask is not None:
-            mask = attention_mask.bool()
-            self.pad_mask[:, :end] = mask
-            self.padded = self.padded or not bool(mask.all())
-            return mask
-        if not self.padded:  # no padding anywhere: attention needs no key mask at all
-            return None
-        mask = self.pad_mask[:, :end].clone()
-        mask[:, self.length:] = True
-        return mask
-
     def advance(self, new: int) -> None:
         """Mark `new` more positions as filled (after every layer has written them)."""
         self.length += new
@@ -136,9 +111,6 @@ class KVCache(KVCacheInterface):
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
         self.length = 0
-        self.padded = False
-        if self.pad_mask is not None:
-            self.pad_mask.fill_(True)
 
     def used_bytes(self) -> int:
         """Bytes of keys and values for the filled positions, all layers."""

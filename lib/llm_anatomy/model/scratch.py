@@ -5,9 +5,13 @@ its numbers come from a ScratchConfig (config.py). `ScratchLlama.from_hf(hf_mode
 transformers model (shared, not copied) and checks every shape. Calling the model on token ids gives logits
 `[batch, seq, vocab]`; `trace(...)` also gives each layer's residual stream and, for the layers you ask for, the
 attention weights. A KVCache from `new_cache()` makes decoding feed only the newest token (notebook 06); any cache
-with its interface (kv_cache.KVCacheInterface) works the same way. `attention="sdpa"` (or `model.attention = "sdpa"`)
-swaps the written-out attention for torch's fused kernel, the same numbers to rounding (notebook 07). Like transformers' model, ours is differentiable;
-the inference paths (generate/decode.py) run it under torch.inference_mode.
+with its interface (kv_cache.KVCacheInterface) works the same way. As in transformers, each new token's RoPE position
+(`positions`, transformers' position_ids) and the keys it may read (`attention_mask`) come with the tokens, from
+whoever built the batch; the cache only stores and attends. Without them the model counts from the mask, or places
+the tokens after the cache's `length`, and checks the largest position against the context once, for every cache.
+`attention="sdpa"` (or `model.attention = "sdpa"`) swaps the written-out attention for torch's fused kernel, the same
+numbers to rounding (notebook 07). Like transformers' model, ours is differentiable; the inference paths
+(generate/decode.py) run it under torch.inference_mode.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCacheInterface | None = None, key_mask=None, return_weights=False):
         b, s, _ = x.shape
         q, k, v = self.project(x, cos, sin)  # [b, heads, s, d], [b, kv_heads, s, d] twice
-        kernel = partial(self.kernel, key_mask=key_mask, return_weights=return_weights)
+        kernel = partial(self.masked_kernel, key_mask=key_mask, return_weights=return_weights)
         # with a cache, attention goes through it: it stores k and v and runs the kernel over every position it holds
         out, weights = kernel(q, k, v) if cache is None else cache.attend(self.layer, q, k, v, kernel)
         out = out.transpose(1, 2).reshape(b, s, self.cfg.num_heads * self.cfg.head_dim)
@@ -82,6 +86,14 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
         v = self.v_proj(x).view(b, s, self.cfg.num_kv_heads, d).transpose(1, 2)  # [b, kv_heads, s, d]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def masked_kernel(self, q, k, v, *, key_mask=None, return_weights=False):
+        """The kernel, once the mask is known to cover every key `[b, kv_heads, keys, d]` that attention reads here
+        (only here are the keys known: a paged view or a flattened batch decides them)."""
+        if key_mask is not None and key_mask.shape[-1] != k.shape[2]:
+            raise CourseError(f"attention_mask must have one column per key attention reads: {k.shape[2]} keys, "
+                              f"not {key_mask.shape[-1]} columns.")
+        return self.kernel(q, k, v, key_mask=key_mask, return_weights=return_weights)
 
     def kernel(self, q, k, v, *, key_mask=None, return_weights=False):
         """Attention of q over every key and value `[b, kv_heads, k_len, d]`: (out `[b, heads, s, d]`, weights or None).
@@ -194,26 +206,36 @@ class ScratchLlama(nn.Module):
                                 cfg.head_dim, dtype=self.dtype, device=self.device)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCacheInterface | None = None,
-                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0, *,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits `[batch, seq, vocab]` for token ids `[batch, seq]`; with a cache, appends to it.
 
         logits_to_keep: compute logits for the last n positions only (0 = all). Generation needs
         only the last one, and the LM head is the largest matrix of a small model.
         """
-        return self.trace(input_ids, cache, attention_mask, keep_hidden=False, logits_to_keep=logits_to_keep).logits
+        return self.trace(input_ids, cache, attention_mask, positions=positions, keep_hidden=False,
+                          logits_to_keep=logits_to_keep).logits
 
     def trace(self, input_ids: torch.Tensor | None, cache: KVCacheInterface | None = None,
-              attention_mask: torch.Tensor | None = None, *, keep_hidden: bool = True, attention_layers=(),
-              logits_to_keep: int | torch.Tensor = 0, check_range: bool = True,
+              attention_mask: torch.Tensor | None = None, *, positions: torch.Tensor | None = None,
+              logits_at: torch.Tensor | None = None, keep_hidden: bool = True, attention_layers=(),
+              logits_to_keep: int = 0, check_range: bool = True,
               inputs_embeds: torch.Tensor | None = None) -> ScratchOutput:
         """Run the model and keep what the notebooks look at.
 
-        attention_mask: optional `[batch, past + seq]` of 1 (token) and 0 (left padding), as in transformers.
+        attention_mask: optional `[batch, keys]` of 1 (token) and 0 (padding), as in transformers: one column per key
+            attention reads (with a KVCache, the cached positions and the new ones). None: every key may be read.
+        positions: the RoPE position of each new token, `[seq]` or `[batch, seq]` (transformers' position_ids), from
+            whoever built the batch. None: counted from attention_mask (the real tokens before each token) when one
+            is given, else after the cache's `length` (0 without a cache); a cache that keeps no count of its
+            positions (a paged view, a flattened batch, the fixed-shape slots) needs them given.
+        logits_at: a tensor of positions `[n]`: the logits at those positions only.
         keep_hidden: keep the residual stream `[batch, seq, hidden]` before the first block and after each.
         attention_layers: layers whose attention weights to keep (computing them costs memory).
-        logits_to_keep: as in forward(), or a tensor of positions `[n]`: the logits at those positions only.
-        check_range: False skips reading the ids back to check that they are in the vocabulary; the fixed-shape
-            decode step feeds only ids the model chose itself, and a read back to the host would break its CUDA graph.
+        logits_to_keep: as in forward().
+        check_range: False skips reading the ids and the positions back to check them (the vocabulary, the
+            context); the fixed-shape decode step feeds only ids the model chose itself, and a read back to the host
+            would break its CUDA graph.
         inputs_embeds: the residual stream `[batch, seq, hidden]` to start from instead of input_ids (give None as
             input_ids), as in transformers: a pipeline stage after the first gets its stage's input this way.
         """
@@ -221,23 +243,24 @@ class ScratchLlama(nn.Module):
             self._check_ids(input_ids, check_range)
         elif input_ids is not None or inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.cfg.hidden_size:
             raise CourseError(f"Give input_ids or inputs_embeds [batch, seq, {self.cfg.hidden_size}], not both.")
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise CourseError(f"logits_to_keep must be a whole number >= 0 (0: all), not {logits_to_keep!r}; "
+                              "give a tensor of positions as logits_at.")
         start = input_ids if inputs_embeds is None else inputs_embeds
         b, s = start.shape[:2]
-        past = cache.length if cache is not None else 0
-        check_context(past + s, self.cfg.max_position_embeddings)
         if cache is not None and cache.batch_size != b:
             raise CourseError(f"The cache was made for batch size {cache.batch_size}, not {b}.")
-        if attention_mask is not None and attention_mask.shape != (b, past + s):
-            raise CourseError(f"attention_mask must be [batch, past + seq] = {(b, past + s)}, "
-                              f"not {tuple(attention_mask.shape)}.")
+        past = 0 if cache is None else getattr(cache, "length", None)  # None: a cache that counts no positions
+        key_mask = None
         if attention_mask is not None:
-            attention_mask = attention_mask.to(start.device)  # a mask made on the CPU for ids on a GPU
-        if cache is None:
-            key_mask = None if attention_mask is None else attention_mask.bool()
-            positions = rope_positions(key_mask, 0, s, start.device)
-        else:  # a cache keeps track of padding, and knows where its rows' tokens sit
-            key_mask = cache.key_mask(s, attention_mask)
-            positions = cache.positions(s, key_mask, start.device)
+            keys = None if past is None else past + s  # else only attention knows them (Attention.masked_kernel)
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else ()
+            if len(shape) != 2 or shape[0] != b or (shape[1] != keys if keys else shape[1] < s):
+                want = f"{(b, keys)}" if keys is not None else f"({b}, keys >= {s})"
+                raise CourseError(f"attention_mask must be [batch, keys] = {want}, one column per key attention "
+                                  f"reads, not {shape or type(attention_mask).__name__}.")
+            key_mask = attention_mask.to(start.device).bool()  # a mask made on the CPU for ids on a GPU
+        positions = self._positions(positions, key_mask, past, b, s, start.device, check_range)
         cos, sin = self.rope(positions)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [b, s, hidden]
         out = ScratchOutput(logits=x)
@@ -252,12 +275,37 @@ class ScratchLlama(nn.Module):
                 out.hidden_states.append(x)
         if cache is not None:
             cache.advance(s)
-        if isinstance(logits_to_keep, torch.Tensor):
-            x = x[:, logits_to_keep]  # [b, n, hidden]: the positions asked for
+        if logits_at is not None:
+            x = x[:, logits_at]  # [b, n, hidden]: the positions asked for
         elif logits_to_keep:
             x = x[:, -logits_to_keep:]  # [b, logits_to_keep, hidden]
         out.logits = self.lm_head(self.norm(x))
         return out
+
+    def _positions(self, positions, key_mask, past, b: int, s: int, device, check: bool) -> torch.Tensor:
+        """The new tokens' RoPE positions `[s]` or `[b, s]` (given, or the default of trace), the largest checked
+        against the context: the one rule for every cache."""
+        top = None  # the largest position, when known without reading a tensor back
+        if positions is None:
+            if key_mask is not None:  # as transformers: the count of real tokens before each token
+                positions = rope_positions(key_mask, key_mask.shape[1] - s, s, device)
+            elif past is None:
+                raise CourseError("This cache keeps no count of its positions: pass positions= (and attention_mask=) "
+                                  "from whoever built the batch.")
+            else:
+                positions, top = torch.arange(past, past + s, device=device), past + s - 1
+        elif (not isinstance(positions, torch.Tensor) or positions.shape not in ((s,), (b, s))
+              or positions.dtype not in (torch.int64, torch.int32)):
+            shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise CourseError(f"positions must be whole numbers of shape [seq] = ({s},) or [batch, seq] = {(b, s)}, "
+                              f"not {shape}.")
+        else:
+            positions = positions.to(device)
+        if top is None and check:
+            top = int(positions.max())
+        if top is not None:
+            check_context(top + 1, self.cfg.max_position_embeddings)
+        return positions
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin `[..., seq, head_dim]` for positions `[..., seq]`, in the model's dtype.

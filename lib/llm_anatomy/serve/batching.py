@@ -28,7 +28,7 @@ import torch
 
 from ..device import timed
 from ..errors import CourseError
-from ..generate.decode import decode_step, left_pad, prefill
+from ..generate.decode import decode_step, extend_mask, left_pad, padding_mask, prefill
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
 from .sampler import SamplingParams
 
@@ -205,9 +205,12 @@ def run_static(model, requests, max_batch: int = 8, cost=None, calls: list | Non
             r.admitted_s = start
         out = engine.call("prefill", len(batch), len(batch) * longest,
                           lambda: prefill(model, ids, cache, attention_mask=mask))
+        mask = padding_mask(mask)  # the padding, hidden at every step (None: there is none)
         for step in range(steps):
             if step:  # every row reads the whole padded rectangle so far
-                out = engine.call("decode", len(batch), len(batch), lambda: decode_step(model, nxt, cache),
+                mask = extend_mask(mask)  # [rows, longest + step]
+                out = engine.call("decode", len(batch), len(batch),
+                                  lambda: decode_step(model, nxt, cache, attention_mask=mask),
                                   context=len(batch) * (longest + step))
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
             for r, token in zip(batch, nxt[:, 0].tolist()):

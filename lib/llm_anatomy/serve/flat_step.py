@@ -15,9 +15,11 @@ new tokens (1 for a decode, a chunk for a prompt), become ONE pass:
     LM head on each row's last new token only           [rows, vocab]     what the sampler picks from
 
 None of this is a second forward pass: `FlatPagedBatch` is one more cache (a KVCacheInterface), and the model's own
-trace runs the step. The cache lays the rows end to end (selective.FlatBatch), writes K and V through the pool's
-one writer and reads a prompt chunk's keys through its one reader (paged_kv.RaggedPagedView); a decode row's blocks
-are read in place. The logits equal the padded view's to float rounding (tests/serve/test_flat_step.py).
+trace runs the step. flat_step builds the batch, so it computes the positions (selective.flat_positions) and passes
+them with the ids, as vLLM's model runner does; the model checks each one against the context. The cache lays the
+rows end to end (selective.FlatBatch), writes K and V through the pool's one writer and reads a prompt chunk's keys
+through its one reader (paged_kv.RaggedPagedView); a decode row's blocks are read in place. The logits equal the
+padded view's to float rounding (tests/serve/test_flat_step.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..errors import CourseError
 from ..model.config import check_context
 from .paged_attention import paged_decode_attention
 from .paged_kv import PagedKVPool, RaggedPagedView, blocks_for
-from .selective import FlatBatch
+from .selective import FlatBatch, flat_positions
 
 
 class FlatPagedBatch(FlatBatch):
@@ -40,7 +42,7 @@ class FlatPagedBatch(FlatBatch):
 
     def __init__(self, pool: PagedKVPool, tables: list[list[int]], cached: list[int], news: list[int]):
         device = pool.keys[0].device
-        super().__init__(news, cached, device)
+        super().__init__(news, device)
         self.pool, self.tables = pool, tables
         self.view = RaggedPagedView(pool, tables, cached, news)  # its writes are the stream's tokens, in order
         self.decoders = [i for i, n in enumerate(news) if n == 1]
@@ -88,9 +90,11 @@ def flat_step(model, pool: PagedKVPool, tables: list[list[int]], cached: list[in
     new_tokens[i]: its new token ids (1 for a decode, a chunk for a prompt). Their K and V are written into the pool.
     """
     _check(pool, tables, cached, new_tokens, model.cfg.vocab_size)
-    for past, new in zip(cached, new_tokens):
-        check_context(past + len(new), model.cfg.max_position_embeddings)
-    batch = FlatPagedBatch(pool, tables, cached, [len(new) for new in new_tokens])
+    # the ids and positions are checked here, on the host, before anything is written: the model need not read them back
+    check_context(max(past + len(new) for past, new in zip(cached, new_tokens)), model.cfg.max_position_embeddings)
+    news = [len(new) for new in new_tokens]
+    batch = FlatPagedBatch(pool, tables, cached, news)
     ids = torch.tensor([[t for new in new_tokens for t in new]], device=model.device)  # [1, total]
-    out = model.trace(ids, batch, keep_hidden=False, logits_to_keep=batch.last, check_range=False)
+    positions = flat_positions(cached, news, model.device)  # [total] each token at its own row's position
+    out = model.trace(ids, batch, positions=positions, keep_hidden=False, logits_at=batch.last, check_range=False)
     return out.logits[0]  # [rows, vocab]

@@ -4,7 +4,8 @@ A row is a request's new tokens (one for a decode, more for a prompt chunk), its
 positions are cached already. The runner turns the rows into model calls through the course's one forward pass and
 gives back each row's logits for its last new token: what the sampler needs. Two ways, the same tokens:
     padded (default): one decode call for the decode rows (the first `decodes`) and one for the prompt chunks, each
-        left-padded to its longest row and read through the pool's one reader (paged_kv.RaggedPagedView);
+        left-padded to its longest row and read through the pool's one reader (paged_kv.RaggedPagedView), which
+        also gives the rows' positions and padding mask that the runner passes to the model;
     flattened: every row end to end in one call with no padding (flat_step.py), as vLLM and SGLang run an iteration.
 Each call goes through `call` (batching.Engine.call), which times it on the engine's clock.
 """
@@ -42,5 +43,7 @@ class ModelRunner:
         news = [len(t) for t in tokens]
         view = RaggedPagedView(self.pool, tables, cached, news)
         step = decode_step if kind == "decode" else prefill
-        out = self.call(kind, len(tokens), sum(news), lambda: step(self.model, ids, view), context=sum(cached))
+        out = self.call(kind, len(tokens), sum(news),  # the positions and the mask: the view's layout of the rows
+                        lambda: step(self.model, ids, view, positions=view.positions, attention_mask=view.mask),
+                        context=sum(cached))
         return out.logits[:, -1]  # [rows, vocab]

@@ -21,7 +21,10 @@ another still holds first copies it (copy-on-write). This is the idea of vLLM's 
 
 One reader of the pool, `RaggedPagedView` (made per model call by the model runner, per step by PagedSequenceCache),
 gathers each row's blocks into one `[rows, kv_heads, length, head_dim]` tensor for attention: a copy that
-paged_attention.py shows how to avoid. `PagedKVPool.allocate` hands out every block, all or none.
+paged_attention.py shows how to avoid. The view computes from its rows what the model needs besides the cache: the
+rectangle's padding mask (`mask`) and each new token's position (`positions`); whoever builds it passes both to the
+model (`positions=view.positions, attention_mask=view.mask`). The caches store and attend; the positions and the mask
+are the batch's. `PagedKVPool.allocate` hands out every block, all or none.
 """
 
 from __future__ import annotations
@@ -152,11 +155,12 @@ class RaggedPagedView(KVCacheInterface):
     """One model call over rows of different lengths in a PagedKVPool: the cache interface ScratchLlama expects.
 
     Row i has `lengths[i]` positions cached in the blocks of `tables[i]` (room for the new ones too) and adds
-    `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle: the key mask hides each
-    row's front padding, per-row RoPE positions put every token at its own position, and a row with fewer new tokens
-    than the widest is fed pad tokens first (their queries ignored, their keys replaced by the row's cached ones).
-    update() writes the new K and V into the blocks (write) and gathers every row's keys and values back (read):
-    the pool's one writer and one reader, which the flattened step (flat_step.py) uses too.
+    `news[i]` (a decode: 1; a prompt chunk: more). Rows are right-aligned in one rectangle, and a row with fewer new
+    tokens than the widest is fed pad tokens first (their queries ignored, their keys replaced by the row's cached
+    ones). What the model needs besides the cache is computed here from the rows, as data for the caller to pass:
+    mask `[rows, width]` (False: a row's front padding; None when there is none) and positions `[rows, new]` (every
+    new token at its own position). update() writes the new K and V into the blocks (write) and gathers every row's
+    keys and values back (read): the pool's one writer and one reader, which the flattened step (flat_step.py) uses too.
     """
 
     def __init__(self, pool: PagedKVPool, tables: list[list[int]], lengths: list[int], news: list[int]):
@@ -165,25 +169,21 @@ class RaggedPagedView(KVCacheInterface):
         news_t = torch.tensor(news, device=device)  # [rows]
         self.ends = [a + b for a, b in zip(lengths, news)]  # each row's positions after this call
         ends = torch.tensor([a + b for a, b in zip(lengths, news)], device=device)  # [rows]
-        width, self.new = int(ends.max()), max(news)
-        self.length = width - self.new  # "past" positions of the rectangle, as the model sees it
+        width, new = int(ends.max()), max(news)
+        past = width - new  # the rectangle's columns before the new ones
         cols = torch.arange(width, device=device)  # [width]
         pos = cols - (width - ends)[:, None]  # [rows, width] each row's position in each column; < 0 = padding
         self.mask = (pos >= 0) if bool((pos < 0).any()) else None  # [rows, width] False = padding
+        pos = pos.clamp(min=0)
+        self.positions = pos[:, past:]  # [rows, new] each new token's RoPE position (a pad token's: 0)
         table_width = max(len(t) for t in tables)
         table = torch.tensor([t + t[:1] * (table_width - len(t)) for t in tables], device=device)  # [rows, blocks]
-        pos = pos.clamp(min=0)
         flat = slot_mapping(table, pos, size)  # [rows, width] each position's slot in the pool
         self.block_ids, self.slots = flat // size, flat % size  # [rows, width] each: block, offset in it
-        real_new = cols[self.length:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
+        real_new = cols[past:][None] >= (width - news_t)[:, None]  # [rows, new] True: a real new token
         self.write_rows, self.write_cols = real_new.nonzero(as_tuple=True)  # [written] each
-        self.write_blocks = self.block_ids[:, self.length:][real_new]  # [written]
-        self.write_slots = self.slots[:, self.length:][real_new]  # [written]
-
-    def key_mask(self, new: int, attention_mask=None):
-        if attention_mask is not None:
-            raise CourseError("RaggedPagedView makes its own padding mask: give no attention_mask.")
-        return self.mask
+        self.write_blocks = self.block_ids[:, past:][real_new]  # [written]
+        self.write_slots = self.slots[:, past:][real_new]  # [written]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` `[rows, kv_heads, new, head_dim]`; return every position `[rows, kv_heads, width, d]`."""
@@ -214,11 +214,11 @@ class RaggedPagedView(KVCacheInterface):
 class PagedSequenceCache(KVCacheInterface):
     """One batch of sequences in a PagedKVPool: a KVCacheInterface (model/kv_cache.py), as ScratchLlama expects.
 
-    Kept simple: every sequence has the same `length` (ScratchLlama has one position counter for the batch) and
-    none holds padding. Each sequence still has its own block table, so blocks are shared or copied one at a time.
+    Kept simple: every sequence has the same `length` (one honest count of the positions cached, which the model
+    places new tokens after). A left-padded batch is served as by the contiguous KVCache: the caller's attention_mask
+    hides the padding, and grows by a column each decode step (generate/decode.py, extend_mask). Each sequence still
+    has its own block table, so blocks are shared or copied one at a time.
     """
-
-    padded, pad_mask = False, None
 
     def __init__(self, pool: PagedKVPool, batch_size: int = 1):
         if batch_size < 1:
@@ -268,13 +268,6 @@ class PagedSequenceCache(KVCacheInterface):
             table.extend(next(fresh) for _ in range(count))
         self._view = RaggedPagedView(self.pool, tables, [self.length] * self.batch_size, [new] * self.batch_size)
         self._ready_for = (self.length, new)
-
-    def key_mask(self, new: int, attention_mask: torch.Tensor | None = None) -> None:
-        """None: no position is padding (an attention_mask that marks some is refused before anything is written)."""
-        if attention_mask is not None and not bool(attention_mask.bool().all()):
-            raise CourseError("This paged cache does not hold padding: give sequences of equal length without "
-                              "padding, or use the contiguous KVCache from model.new_cache().")
-        return None
 
     def advance(self, new: int) -> None:
         """Mark `new` more positions as filled (after every layer has written them)."""

@@ -7,6 +7,11 @@ the batch's tokens laid end to end, `[total_tokens, hidden]`, with no padding at
 request only for attention. vLLM and SGLang lay out every iteration this way (prompt chunks and decode tokens in one
 stream). `flattened_prefill` does it for prompts over our model's own layers; the logits equal the padded batch's
 at every real position, to float rounding.
+
+The split is vLLM's: the code that builds the batch computes each token's position (`flat_positions`: each row's
+cached length + 0, 1, 2 ..., end to end) and passes it to the model with the tokens; FlatBatch, the cache, only says
+where each row's stretch lies and lets each row attend to its own keys. The model checks the context against those
+positions, row by row, never against the stream's total length.
 """
 
 from __future__ import annotations
@@ -20,28 +25,17 @@ from ..model.kv_cache import KVCacheInterface
 class FlatBatch(KVCacheInterface):
     """Rows of new tokens laid end to end as one sequence `[1, total]`, as the model's one forward pass sees it.
 
-    news[i]: row i's new tokens; cached[i]: the positions it has before them (0 for a prompt, nothing stored here).
-    The model runs every layer but attention on the whole stream; `attend` splits it by row: each row's queries see
-    only its own keys, causal within the row. Its tokens sit at their own positions (cached + i) for RoPE.
+    news[i]: row i's new tokens. The model runs every layer but attention on the whole stream; `attend` splits it by
+    row: each row's queries see only its own keys, causal within the row. Where its tokens sit for RoPE is the
+    builder's to say (flat_positions); nothing is stored here, and no position is counted.
     """
 
-    length, batch_size = 0, 1  # to the model: one row, nothing before it
+    batch_size = 1  # to the model: one row
 
-    def __init__(self, news: list[int], cached: list[int] | None = None, device=None):
-        cached = cached or [0] * len(news)
+    def __init__(self, news: list[int], device=None):
         ends = torch.tensor(news).cumsum(0).tolist()
         self.spans = list(zip([0] + ends[:-1], ends))  # each row's stretch of the stream
-        self.token_positions = torch.cat([torch.arange(past, past + n, device=device)
-                                          for past, n in zip(cached, news)])  # [total]
         self.last = torch.tensor([b - 1 for _, b in self.spans], device=device)  # [rows] each row's last token
-
-    def key_mask(self, new: int, attention_mask=None) -> None:
-        if attention_mask is not None:
-            raise CourseError("A flattened batch has no padding: give no attention_mask.")
-        return None
-
-    def positions(self, new: int, key_mask, device) -> torch.Tensor:
-        return self.token_positions
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         return k, v  # nothing is kept
@@ -55,6 +49,12 @@ class FlatBatch(KVCacheInterface):
         """Nothing to count: whoever made the batch keeps each row's length."""
 
 
+def flat_positions(cached: list[int], news: list[int], device=None) -> torch.Tensor:
+    """Each token's RoPE position in a flattened batch, `[total]`: row i's cached[i], cached[i] + 1, ... for its
+    news[i] new tokens, the rows end to end (vLLM's positions tensor)."""
+    return torch.cat([torch.arange(past, past + n, device=device) for past, n in zip(cached, news)])
+
+
 @torch.inference_mode()
 def flattened_prefill(model, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Logits `[len(prompt), vocab]` of each prompt, all prompts' tokens in one `[total_tokens, hidden]` pass through
@@ -63,8 +63,10 @@ def flattened_prefill(model, prompts: list[list[int]]) -> list[torch.Tensor]:
     if not prompts or not all(prompts):
         raise CourseError("Give at least one prompt, each at least one token id.")
     ids = torch.tensor([[t for p in prompts for t in p]], device=model.device)  # [1, total]
-    batch = FlatBatch([len(p) for p in prompts], device=model.device)
-    logits = model.trace(ids, batch, keep_hidden=False).logits[0]  # [total, vocab]
+    news = [len(p) for p in prompts]
+    batch = FlatBatch(news, device=model.device)
+    positions = flat_positions([0] * len(prompts), news, model.device)  # [total] each prompt from 0
+    logits = model.trace(ids, batch, positions=positions, keep_hidden=False).logits[0]  # [total, vocab]
     return [logits[a:b] for a, b in batch.spans]
 
 
