@@ -5,7 +5,8 @@ it arrived, and, once served, its output and the time each token came out (TTFT,
 follow from those, as measure/timing.py defines them).
 
 Static (request-level) batching serves a batch the way `generate` does: take up to `max_batch` waiting requests,
-left-pad their prompts into one rectangle, prefill it, then decode until the longest is done. One decode step reads
+left-pad their prompts into one rectangle, prefill it, then decode until the longest is done; each row's token is
+chosen by its request's own params (sampler.py), as the continuous scheduler chooses it. One decode step reads
 the weights once for every row, which is why batching pays (C13). But a request that is done early keeps its row,
 computing for nobody, and one that arrives meanwhile waits for the whole batch: continuous batching
 (scheduler.py) fixes both (C15).
@@ -30,7 +31,7 @@ from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, left_pad, prefill
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
-from .sampler import SamplingParams
+from .sampler import SamplingParams, sample
 
 
 @dataclass(eq=False)
@@ -201,10 +202,15 @@ def run_static(model, requests, max_batch: int = 8, cost=None, calls: list | Non
             if step:  # every row reads the whole padded rectangle so far
                 out = engine.call("decode", len(batch), len(batch), lambda: decode_step(model, nxt, cache),
                                   context=len(batch) * (longest + step))
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
-            for r, token in zip(batch, nxt[:, 0].tolist()):
-                if not r.done:  # a done row keeps computing: its slot is not given back until the batch ends
-                    engine.emit(r, token)
+            logits = out.logits[:, -1]  # [rows, vocab]
+            tokens = []
+            for i, r in enumerate(batch):
+                if r.done:  # a done row keeps computing (its slot is not given back until the batch ends): fed
+                    tokens.append(int(logits[i].argmax()))  # its argmax, as before; nobody reads what it makes
+                else:  # by the request's own params and generator (sampler.py), as the continuous scheduler does
+                    tokens.append(sample(r, logits[i]))
+                    engine.emit(r, tokens[-1])
+            nxt = torch.tensor(tokens, device=device)[:, None]  # [rows, 1]
             if all(r.done for r in batch):
                 break
         for slot, r in enumerate(batch):  # row i of the batch is slot i
