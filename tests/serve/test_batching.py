@@ -70,16 +70,15 @@ def test_static_batching_picks_each_token_by_the_requests_own_params(tiny):
     """Bug 2: run_static took the argmax whatever a request asked. A request's draws come from its own generator, so
     static batching gives seeded sampled requests exactly the tokens the continuous scheduler gives them (penalties
     and logprobs included); greedy requests keep their greedy tokens."""
-    from llm_anatomy.generate.penalties import Penalties
-    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.generate.sampling import SamplingParams
     from llm_anatomy.serve.paged_kv import PagedKVPool
-    from llm_anatomy.serve.sampler import SamplingParams
     from llm_anatomy.serve.scheduler import ContinuousScheduler
 
-    hot, cool = SamplingSettings(temperature=1.5), SamplingSettings(temperature=0.8, top_k=20, top_p=0.9)
-    reqs = [Request([5, 9, 11, 3], 10, params=SamplingParams(hot, 1)), Request([7, 8], 10),  # the second is greedy
-            Request([5, 9, 11, 3], 8, params=SamplingParams(hot, 2)),
-            Request([40, 2, 6], 9, params=SamplingParams(cool, 1, Penalties(repetition=1.3, presence=0.5), 2))]
+    hot, cool = dict(temperature=1.5), dict(temperature=0.8, top_k=20, top_p=0.9)
+    reqs = [Request([5, 9, 11, 3], 10, params=SamplingParams(**hot, seed=1)), Request([7, 8], 10),  # greedy
+            Request([5, 9, 11, 3], 8, params=SamplingParams(**hot, seed=2)),
+            Request([40, 2, 6], 9, params=SamplingParams(**cool, seed=1, repetition_penalty=1.3, presence_penalty=0.5,
+                                                         top_logprobs=2))]
     static = run_static(tiny, reqs, max_batch=4)
     continuous = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 64, 4), max_batch=4).run(reqs)
     assert [r.output for r in static] == [r.output for r in continuous]

@@ -17,8 +17,8 @@ from . import call, exercise, expect, forbidden_all, hint, hints, returned  # no
 from ._tiny import Recorder, stop_cases, stopped_on_the_prompt, tiny_model
 
 def _no_sampler(*names: str, why: str) -> forbidden_all:
-    """The library's samplers refused: next_token_probs and the ones named (sample_next and sample_with call it)."""
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with") + names],
+    """The library's samplers refused: next_token_probs and the ones named (sample_next calls it)."""
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next") + names],
                          why)
 
 
@@ -36,7 +36,7 @@ def _choice_cases() -> list[tuple[torch.Tensor, float, int | None]]:
 def _no_choice() -> forbidden_all:
     """The library's samplers and transformers' temperature and top-k warpers refused."""
     warpers = sys.modules.get("transformers.generation.logits_process")
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "greedy",
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "greedy",
                                                         "_divide_by_temperature", "top_k_mask")]
                          + [(warpers, "TemperatureLogitsWarper"), (warpers, "TopKLogitsWarper")],
                          "divide, cut and normalise yourself (torch.topk and torch.softmax are fine)")
@@ -120,7 +120,7 @@ def _top_p_cases() -> list[tuple[torch.Tensor, float]]:
 
 def _no_top_p() -> forbidden_all:
     warpers = sys.modules.get("transformers.generation.logits_process")
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "top_p_mask")]
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "top_p_mask")]
                          + [(warpers, "TopPLogitsWarper")],
                          "sort, add up and cut yourself: the nucleus is the exercise")
 
