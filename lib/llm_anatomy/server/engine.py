@@ -38,7 +38,7 @@ from ..generate.chat import end_of_turn_ids
 from ..generate.stops import StopMatcher, StreamingDetokenizer
 from ..serve.batching import Request
 from ..serve.paged_kv import PagedKVPool
-from ..serve.sampler import SamplingParams
+from ..generate.sampling import SamplingParams
 from ..serve.scheduler import ContinuousScheduler
 from .schemas import APIError, logprob_entry
 from .sizing import QueueSizer, check_max_waiting
@@ -139,12 +139,12 @@ class EngineLoop:
         """The queue's limit now: max_waiting, or with "auto" the one sized from the TTFT objective (sizing.py)."""
         return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
 
-    def submit(self, prompt: list[int], max_tokens: int, params: SamplingParams, stops: list[str], put,
-               name: str = "", received_s: float | None = None) -> Live:
+    def submit(self, prompt: list[int], params: SamplingParams, put, name: str = "",
+               received_s: float | None = None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
-        params: how its tokens are picked (serve.sampler.SamplingParams); received_s: when its handler had the whole
-        body (engine clock), for the record of where the server's time went."""
-        request = Request(list(prompt), max_tokens, 0.0, self.tokenizer.eos_token_id, params=params)
+        params: how its tokens are picked, how many (max_tokens) and its stop strings (generate.sampling.SamplingParams);
+        received_s: when its handler had the whole body (engine clock), for the record of where the server's time went."""
+        request = Request(list(prompt), None, 0.0, self.tokenizer.eos_token_id, params=params)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # requests in flight beyond the batch slots wait; one that a free slot will take does not
             queued = max(0, self._in_flight - self.scheduler.max_batch)
@@ -159,7 +159,7 @@ class EngineLoop:
             self._unadmitted += 1
             self._in_flight += 1
         request.arrival_s = self.clock()
-        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(stops), name,
+        live = Live(request, put, StreamingDetokenizer(self.tokenizer), StopMatcher(params.stop), name,
                     received_s=received_s)
         self._inbox.put(("submit", live))
         return live
