@@ -105,8 +105,8 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        """"stop" (a stop token), "length" (max_tokens reached) or None: generate/stops.finish_reason on its params.
-        A cancelled request's reason is the scheduler's business."""
+        """Why it is finished, by generate/stops.finish_reason on its params: "stop" (a stop token), "length"
+        (max_tokens reached), or None. A cancelled request's reason is the scheduler's business."""
         return finish_reason(self.params, self.output)
 
     @property
