@@ -660,3 +660,28 @@ def test_an_allocator_may_keep_its_free_blocks_in_a_set_and_its_counts_in_a_dict
             return block
 
     not_yet(ch08.check_allocator(Renamed), "self.free")
+
+
+def test_5_3_and_6_1_the_librarys_stop_rule_is_refused():
+    """generate/stops.finish_reason answers 'why did it stop' for a whole SamplingParams: a loop that asks it has not
+    written the stop rule, the exercise."""
+    from llm_anatomy.generate.sampling import SamplingParams
+    from llm_anatomy.generate.stops import finish_reason
+
+    def by_the_rule(model, ids, n, stop_ids, cache=None):
+        params, new = SamplingParams(max_tokens=n, stop_token_ids=sorted(stop_ids)), []
+        while True:
+            if cache is None:
+                next_id = model(ids)[:, -1].argmax(-1, keepdim=True)
+            else:
+                next_id = model(ids if not new else ids[:, -1:], cache)[:, -1].argmax(-1, keepdim=True)
+            new.append(int(next_id))
+            ids = torch.cat([ids, next_id], dim=1)
+            if finish_reason(params, new):
+                return new, finish_reason(params, new)
+
+    def cached(model, ids, n, stop_ids):
+        return by_the_rule(model, ids, n, stop_ids, model.new_cache(1, ids.shape[1] + n))
+
+    not_yet(ch05.check_generate_until_stop(by_the_rule), "don't call", "finish_reason")
+    not_yet(ch06.check_generate_with_cache(cached), "don't call", "finish_reason")

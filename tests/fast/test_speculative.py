@@ -11,6 +11,7 @@ from llm_anatomy.errors import CourseError
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.fast.speculative import (LayerSkipDraft, PromptLookupDraft, accept_or_resample,
                                           expected_tokens_per_round, predicted_speedup, speculative_generate)
+from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.measure.stats import chi_squared_test
 from llm_anatomy.weights.random import random_llama
 
@@ -29,7 +30,7 @@ class ScriptedDraft:
     def __init__(self, proposals):
         self.proposals, self.valid = list(proposals), []
 
-    def draft(self, context, k, settings=None, generator=None):
+    def draft(self, context, k, params=None, generator=None):
         return (self.proposals.pop(0) if self.proposals else [])[:k], None
 
     def rollback(self, valid):
@@ -106,7 +107,7 @@ def test_eos_stops_and_bad_input_is_refused(tiny):
 
 
 class _TooLongDraft(PromptLookupDraft):
-    def draft(self, context, k, settings=None, generator=None):
+    def draft(self, context, k, params=None, generator=None):
         return [5] * (k + 3), None  # more tokens than asked for
 
 
@@ -182,23 +183,44 @@ def test_sampling_speculation_matches_the_models_distribution_end_to_end(tiny):
     g = torch.Generator().manual_seed(0)
     draft = LayerSkipDraft(tiny, [1])
     # 3 new tokens: the prefill gives the first, so the round after it drafts one (with 2 it would have no room)
-    samples = torch.tensor([speculative_generate(tiny, ids, 3, draft, 1, temperature=t, generator=g).tokens[1]
+    samples = torch.tensor([speculative_generate(tiny, ids, 3, draft, 1, params=SamplingParams(t), generator=g).tokens[1]
                             for _ in range(1500)])
     assert chi_squared_test(samples, marginal).p_value > 1e-3
 
 
 def test_sampling_goes_through_the_course_sampler(tiny):
-    """top-k and top-p reach the draft and the verify pass: top_k=1 leaves one token to draw, the greedy one."""
+    """top-k, top-p and min-p reach the draft and the verify pass: top_k=1 leaves one token to draw, the greedy one,
+    and so does min_p=1 (only tokens as likely as the best)."""
     ids = torch.tensor([[5, 9, 17, 4]])
     plain = generate_greedy(tiny, ids, 12).tokens[0].tolist()
     g = torch.Generator().manual_seed(0)
     for draft in (LayerSkipDraft(tiny, [0]), PromptLookupDraft()):
-        assert speculative_generate(tiny, ids, 12, draft, 3, temperature=1.5, top_k=1, generator=g).tokens == plain
-        assert speculative_generate(tiny, ids, 12, draft, 3, temperature=1.5, top_p=1e-6, generator=g).tokens == plain
-    for bad, words in ((dict(temperature=-1.0), "temperature"), (dict(temperature=1.0, top_k=0), "top_k"),
-                       (dict(temperature=1.0, top_p=0.0), "top_p")):
-        with pytest.raises(CourseError, match=words):
-            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, **bad)
+        for one in (dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0)):
+            params = SamplingParams(temperature=1.5, **one)
+            assert speculative_generate(tiny, ids, 12, draft, 3, params=params, generator=g).tokens == plain
+    assert speculative_generate(tiny, ids, 12, PromptLookupDraft(), 3, params=SamplingParams(1.5), generator=g
+                                ).tokens != plain  # without a filter it samples: the test can tell
+    with pytest.raises(CourseError, match="SamplingParams"):
+        speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, params={"temperature": 1.0})
+    with pytest.raises(TypeError):  # the keyword arguments of before are gone: one SamplingParams
+        speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, temperature=1.0)
+
+
+def test_penalties_give_the_session_rule_greedy_tokens(tiny):
+    """Greedy with penalties keeps the drafts the penalized model would choose: the tokens of plain greedy decoding
+    with the same penalties, token by token, whichever draft; and the penalties change them (the test can tell)."""
+    from llm_anatomy.generate.sampling import sample_next
+
+    ids = torch.tensor([[5, 9, 17, 4, 5, 9, 17, 4]])
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.8, presence_penalty=0.5, frequency_penalty=0.3)
+    context, plain = ids[0].tolist(), []
+    with torch.no_grad():
+        for _ in range(16):  # plain decoding: the whole sequence each time, the penalties by the one sampler
+            logits = tiny(torch.tensor([context + plain]))[0, -1]
+            plain.append(int(sample_next(logits, params, prompt=context, output=plain)[0]))
+    for draft in (PromptLookupDraft(), LayerSkipDraft(tiny, [0]), LayerSkipDraft(tiny, [0, 1])):
+        assert speculative_generate(tiny, ids, 16, draft, 3, params=params).tokens == plain
+    assert generate_greedy(tiny, ids, 16).tokens[0].tolist() != plain
 
 
 def test_logits_that_hold_nan_are_refused(tiny, monkeypatch):
@@ -206,7 +228,7 @@ def test_logits_that_hold_nan_are_refused(tiny, monkeypatch):
     monkeypatch.setattr(tiny.norm, "forward", lambda x: torch.full_like(x, float("nan")))
     for t in (0.0, 1.0):
         with pytest.raises(CourseError, match="NaN"):
-            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, temperature=t)
+            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, params=SamplingParams(t))
 
 
 def test_expected_tokens_and_predicted_speedup():
@@ -238,7 +260,7 @@ def test_the_cost_model_prices_each_round_at_its_own_width():
 # --------------------------------------------------------------------------- C18's checks in false worlds
 
 
-def _keep_every_draft(logits, drafts, q, settings, generator):
+def _keep_every_draft(logits, drafts, q, params, generator, prompt, output):
     """A verifier that accepts every draft token, whatever the model says: the next token comes after them."""
     return len(drafts), int(logits[len(drafts)].argmax())
 
@@ -300,7 +322,7 @@ def test_the_rule_check_fails_when_rejections_resample_from_p():
         claim("C18", found.holds, found.evidence())
 
 
-def _never_keep(logits, drafts, q, settings, generator):
+def _never_keep(logits, drafts, q, params, generator, prompt, output):
     """A greedy verifier that keeps no draft: the model's own token every round, plain decoding at one pass a token."""
     return 0, int(logits[0].argmax())
 
@@ -382,3 +404,14 @@ def _keep_twice(p, q, drafts, generator=None):
     residual = (p - q).clamp(min=0).double()
     resampled = torch.multinomial(residual / residual.sum(), drafts.numel(), True, generator=generator)
     return accepted, torch.where(accepted, drafts, resampled)
+
+
+def test_the_params_stop_ids_end_it_and_what_it_cannot_honour_is_refused(tiny):
+    ids = torch.tensor([[5, 9, 17, 4]])
+    plain = generate_greedy(tiny, ids, 10).tokens[0].tolist()
+    params = SamplingParams(0.0, stop_token_ids=[plain[3]])
+    cut = speculative_generate(tiny, ids, 10, PromptLookupDraft(), 4, params=params).tokens
+    assert cut == plain[:plain.index(plain[3]) + 1] and len(cut) < len(plain)  # as eos_token_id=plain[3] does
+    for bad in (dict(stop=["x"]), dict(top_logprobs=2)):
+        with pytest.raises(CourseError, match="stop strings and top_logprobs"):
+            speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, params=SamplingParams(0.0, **bad))

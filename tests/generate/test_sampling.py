@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.generate.sampling import (SamplingSettings, greedy, next_token_probs, sample_next, sample_with,
+from llm_anatomy.generate.sampling import (GREEDY, SamplingParams, greedy, next_token_probs, sample_next,
                                            seeded_generator)
 
 
@@ -55,8 +55,9 @@ def test_single_row_and_batch_shapes():
     logits = torch.tensor([1.0, 3.0, 2.0, -1.0])
     assert next_token_probs(logits).shape == (4,)
     assert int(greedy(logits)) == 1
-    assert sample_next(logits, 0.0).dim() == 0
-    assert sample_next(logits.repeat(3, 1), 1.0, generator=seeded_generator(0)).shape == (3,)
+    assert sample_next(logits, GREEDY)[0].dim() == 0
+    ids, probs = sample_next(logits.repeat(3, 1), SamplingParams(1.0), seeded_generator(0))
+    assert ids.shape == (3,) and probs.shape == (3, 4)
 
 
 def test_top_k_keeps_the_k_best_and_top_p_the_nucleus():
@@ -79,7 +80,7 @@ def test_temperature_zero_is_greedy_and_tiny_temperatures_stay_finite():
         assert probs.argmax(-1).tolist() == [1, 0]
         assert t >= 1e-3 or probs.max(-1).values.tolist() == [1.0, 1.0]  # all on the best token, not NaN
     gen = seeded_generator(1)
-    assert all(sample_next(logits, 1e-20, generator=gen).tolist() == [1, 0] for _ in range(20))
+    assert all(sample_next(logits, SamplingParams(1e-20), gen)[0].tolist() == [1, 0] for _ in range(20))
 
 
 def test_high_temperature_flattens():
@@ -91,12 +92,13 @@ def test_high_temperature_flattens():
 
 def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
-    draws = lambda seed: [int(sample_next(logits, generator=g)) for g in [seeded_generator(seed)] for _ in range(2000)]
+    draws = lambda seed: [int(sample_next(logits, SamplingParams(), g)[0]) for g in [seeded_generator(seed)]
+                          for _ in range(2000)]
     a, b, c = draws(7), draws(7), draws(8)
     assert a == b and a != c
     freq = torch.bincount(torch.tensor(a), minlength=3).float() / len(a)
     torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.04, rtol=0)
-    assert set(int(sample_next(logits, top_k=1, generator=seeded_generator(s))) for s in range(20)) == {0}
+    assert set(int(sample_next(logits, SamplingParams(top_k=1), seeded_generator(s))[0]) for s in range(20)) == {0}
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -111,9 +113,7 @@ def test_invalid_settings_are_refused_clearly(kwargs, words):
     with pytest.raises(CourseError, match=words):
         next_token_probs(logits, **kwargs)
     with pytest.raises(CourseError, match=words):
-        sample_next(logits, **kwargs)
-    with pytest.raises(CourseError, match=words):
-        SamplingSettings(**kwargs)
+        SamplingParams(**kwargs)
 
 
 def test_bad_shapes_and_seeds_are_refused():
@@ -123,10 +123,11 @@ def test_bad_shapes_and_seeds_are_refused():
         seeded_generator(1.5)
 
 
-def test_settings_describe_themselves():
-    assert SamplingSettings(0.0).describe() == "greedy"
-    assert SamplingSettings(0.7, 40, 0.9).describe() == "temperature 0.7, top-k 40, top-p 0.9"
-    assert SamplingSettings().describe() == "temperature 1"
+def test_params_describe_themselves():
+    assert SamplingParams(0.0).describe() == "greedy"
+    assert SamplingParams(0.7, 40, 0.9).describe() == "temperature 0.7, top-k 40, top-p 0.9"
+    assert SamplingParams().describe() == "temperature 1"
+    assert SamplingParams(0.0, repetition_penalty=1.3).describe() == "greedy, repetition 1.3"
 
 
 def _assert_same_as_transformers(logits, temperature=1.0, top_k=None, top_p=1.0):
@@ -266,9 +267,9 @@ def test_masked_tokens_stay_allowed():
         probs = _assert_same_as_transformers(logits, temperature, top_k, top_p)
         assert (probs[logits == -inf] == 0).all()
     assert greedy(logits).tolist() == [0, 2]
-    assert sample_next(logits, 0.0).tolist() == [0, 2]
+    assert sample_next(logits, GREEDY)[0].tolist() == [0, 2]
     gen = seeded_generator(0)
-    drawn = torch.stack([sample_next(logits, 1.5, generator=gen) for _ in range(200)])
+    drawn = torch.stack([sample_next(logits, SamplingParams(1.5), gen)[0] for _ in range(200)])
     assert set(drawn[:, 0].tolist()) <= {0, 2, 4} and set(drawn[:, 1].tolist()) == {2}
 
 
@@ -284,14 +285,17 @@ def test_logits_that_overflowed_are_refused_before_drawing(row, cause, batched):
     logits = torch.tensor(row)
     if batched:  # one bad row among good ones
         logits = torch.stack([torch.tensor([1.0, 2.0, 3.0]), logits])
+    bad = logits[-1] if batched else logits  # the penalties take one row
     calls = {
         "next_token_probs": lambda g: next_token_probs(logits, 0.7, 2, 0.9),
         "next_token_probs greedy": lambda g: next_token_probs(logits, 0.0),
-        "sample_next": lambda g: sample_next(logits, generator=g),
-        "sample_next filtered": lambda g: sample_next(logits, 0.8, top_k=2, top_p=0.9, generator=g),
-        "sample_next greedy": lambda g: sample_next(logits, 0.0, generator=g),
-        "sample_with": lambda g: sample_with(logits, SamplingSettings(0.7, 2, 0.9), g),
-        "sample_with greedy": lambda g: sample_with(logits, SamplingSettings(0.0), g),
+        "sample_next": lambda g: sample_next(logits, SamplingParams(), g),
+        "sample_next filtered": lambda g: sample_next(logits, SamplingParams(0.8, top_k=2, top_p=0.9), g),
+        "sample_next greedy": lambda g: sample_next(logits, GREEDY, g),
+        "sample_next penalized": lambda g: sample_next(bad, SamplingParams(0.7, 2, 0.9, presence_penalty=1.0),
+                                                       g, prompt=[0], output=[1]),
+        "sample_next penalized greedy": lambda g: sample_next(bad, SamplingParams(0.0, repetition_penalty=2.0),
+                                                              g, prompt=[0], output=[]),
         "greedy": lambda g: greedy(logits),
     }
     for name, call in calls.items():
@@ -307,19 +311,19 @@ def test_logits_that_overflowed_are_refused_before_drawing(row, cause, batched):
 def test_an_fp16_overflow_is_named():
     logits = torch.tensor([[70000.0, 1.0, 2.0]]).half()  # 70000 is beyond fp16's largest number: +inf
     with pytest.raises(CourseError, match=r"\+inf.*fp16"):
-        sample_next(logits, generator=seeded_generator(0))
+        sample_next(logits, SamplingParams(), seeded_generator(0))
     with pytest.raises(CourseError, match="NaN.*fp16"):
-        sample_next(logits - logits, generator=seeded_generator(0))  # inf - inf is NaN
-    assert int(sample_next(torch.tensor([[60000.0, 1.0, 2.0]]).half(), 0.0)[0]) == 0  # large but finite is fine
+        sample_next(logits - logits, SamplingParams(), seeded_generator(0))  # inf - inf is NaN
+    assert int(sample_next(torch.tensor([[60000.0, 1.0, 2.0]]).half(), GREEDY)[0][0]) == 0  # large but finite is fine
 
 
 def test_the_generator_state_check_sees_a_draw():
     gen = seeded_generator(3)
     before = gen.get_state().clone()
-    sample_next(torch.zeros(3), 0.0, generator=gen)
-    sample_with(torch.zeros(3), SamplingSettings(0.0), gen)
+    sample_next(torch.zeros(3), GREEDY, gen)
+    sample_next(torch.zeros(3), SamplingParams(0.0, presence_penalty=1.0), gen, prompt=[], output=[1])
     assert torch.equal(gen.get_state(), before)  # greedy draws nothing
-    sample_next(torch.zeros(3), generator=gen)
+    sample_next(torch.zeros(3), SamplingParams(), gen)
     assert not torch.equal(gen.get_state(), before)  # a draw moves it, so the checks above can fail
 
 
@@ -348,7 +352,7 @@ def test_min_p_follows_the_models_confidence():
     unsure = torch.tensor([1.0, 0.99, 0.98, -4.0])  # three nearly tied: min-p keeps all three
     assert (next_token_probs(confident, min_p=0.1) > 0).tolist() == [True, False, False, False]
     assert (next_token_probs(unsure, min_p=0.1) > 0).tolist() == [True, True, True, False]
-    assert SamplingSettings(min_p=0.05).describe() == "temperature 1, min-p 0.05"
+    assert SamplingParams(min_p=0.05).describe() == "temperature 1, min-p 0.05"
 
 
 @pytest.mark.parametrize("min_p", [-0.1, 1.5, math.nan, "a", True])
@@ -366,3 +370,44 @@ def test_logprobs_are_the_raw_distributions():
     assert chosen == pytest.approx(float(expected[1]))
     assert [i for i, _ in top] == [0, 1] and top[0][1] == pytest.approx(float(expected[0]))
     assert token_logprobs(logits, 3)[1] == []
+
+
+# --------------------------------------------------------------------------- one SamplingParams, one sampler
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=math.nan), "frequency_penalty"), (dict(seed=1.5), "seed"), (dict(seed=True), "seed"),
+    (dict(top_logprobs=-1), "top_logprobs"), (dict(top_logprobs=2.0), "top_logprobs"), (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"), (dict(stop_token_ids=[1, -2]), "stop_token_ids"),
+    (dict(stop_token_ids=7), "stop_token_ids"), (dict(stop=[""]), "stop"), (dict(stop=[3]), "stop"),
+])
+def test_every_field_of_the_params_is_checked(kwargs, words):
+    with pytest.raises(CourseError, match=words):
+        SamplingParams(**kwargs)
+
+
+def test_params_hold_tuples_their_penalties_and_greedy():
+    params = SamplingParams(stop_token_ids=[2, 7], stop=["\n\nUser:"])
+    assert params.stop_token_ids == (2, 7) and params.stop == ("\n\nUser:",) and hash(params)  # frozen and hashable
+    assert SamplingParams(stop="END").stop == ("END",)
+    assert params.penalties is None and not params.greedy and GREEDY.greedy and GREEDY == SamplingParams(0.0)
+    assert SamplingParams(presence_penalty=0.5).penalties.presence == 0.5
+
+
+def test_the_one_sampler_applies_the_penalties_then_the_filters():
+    from llm_anatomy.generate.penalties import Penalties
+
+    logits = torch.tensor([3.0, 2.9, 1.0, 0.5, -1.0])
+    params = SamplingParams(0.8, top_k=3, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.2)
+    ids, probs = sample_next(logits, params, seeded_generator(0), prompt=[0], output=[1, 1])
+    penalized = Penalties(2.0, 0.5, 0.2).apply(logits, [0], [1, 1])
+    assert torch.equal(probs, next_token_probs(penalized, 0.8, 3))
+    assert int(sample_next(logits, SamplingParams(0.0, repetition_penalty=2.0), prompt=[0], output=[])[0]) == 1
+    assert int(sample_next(logits, GREEDY)[0]) == 0  # without the penalty the best: the penalty changed the choice
+    with pytest.raises(CourseError, match="pass the prompt and output ids"):
+        sample_next(logits, params)  # penalties that would silently count nothing are refused
+    with pytest.raises(CourseError, match="one row"):
+        sample_next(logits.repeat(2, 1), params, prompt=[0], output=[])
+    with pytest.raises(CourseError, match="SamplingParams"):
+        sample_next(logits, 0.7)

@@ -10,8 +10,9 @@ import torch
 from llm_anatomy.generate.chat import chat_prompt_ids
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.session import GenerationSession, generate
-from llm_anatomy.generate.sampling import SamplingSettings
+from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.model.scratch import ScratchLlama
+from llm_anatomy.serve.batching import Request
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def _reference(real, ids, n):
 
 
 def _state(session):
-    return (list(session.prompt_ids), list(session.generated), len(session.steps), session.settings,
+    return (list(session.prompt_ids), list(session.generated), len(session.steps), session.params,
             None if session.cache is None else session.cache.length, session.prefill_ms,
             None if session._logits is None else session._logits.clone())
 
@@ -37,7 +38,7 @@ def _same_state(a, b):
 
 
 def test_greedy_steps_equal_transformers_generate_on_a_chat_prompt(real, scratch):
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=32, settings=SamplingSettings(0.0))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=32))
     results = session.generate("What is the capital of France?", chat=True)
     ids = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])[0].tolist()
     assert session.prompt_ids == ids
@@ -53,7 +54,7 @@ def test_greedy_steps_equal_transformers_generate_on_a_chat_prompt(real, scratch
 
 def test_greedy_steps_equal_transformers_generate_on_a_plain_prompt(real, scratch):
     prompt = "Once upon a time, in a small village by the sea,"
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=32, settings=SamplingSettings(0.0))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=32))
     results = session.generate(prompt, chat=False)
     ids = real.tokenizer(prompt)["input_ids"]
     assert session.prompt_ids == ids
@@ -64,7 +65,7 @@ def test_greedy_steps_equal_transformers_generate_on_a_plain_prompt(real, scratc
 
 
 def test_step_results_carry_what_the_view_needs(real, scratch):
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=8, settings=SamplingSettings(0.0),
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=8),
                                 attention=(3, 2), top_n=5)
     first = session.prefill("Name a colour.")
     second = session.step()
@@ -90,8 +91,7 @@ def test_step_results_carry_what_the_view_needs(real, scratch):
 
 def test_sampling_with_a_seed_is_reproducible(real, scratch):
     def run(seed):
-        session = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(1.0),
-                                    seed=seed)
+        session = GenerationSession(scratch, real.tokenizer, SamplingParams(1.0, max_tokens=12, seed=seed))
         session.generate("Tell me a story about a dragon.")
         return session.generated
 
@@ -99,14 +99,14 @@ def test_sampling_with_a_seed_is_reproducible(real, scratch):
     assert run(1) == a
     assert run(2) != a
     # prefill again on the same session starts the generator over
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(1.0), seed=1)
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(1.0, max_tokens=12, seed=1))
     session.generate("Tell me a story about a dragon.")
     session.generate("Tell me a story about a dragon.")
     assert session.generated == a
 
 
 def test_resample_reuses_the_logits_without_a_model_call(real, scratch, monkeypatch):
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=10, settings=SamplingSettings(0.0), seed=3)
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=10, seed=3))
     session.prefill("Write one word.")
     session.step()
     calls = []
@@ -117,7 +117,8 @@ def test_resample_reuses_the_logits_without_a_model_call(real, scratch, monkeypa
     tokens = {session.resample(temperature=2.0, top_k=None, top_p=1.0).token_id for _ in range(15)}
     assert calls == [] and session.cache.length == cache_length and torch.equal(session._logits, logits)
     assert len(tokens) > 1, "at temperature 2 the draws should differ"
-    assert session.settings == SamplingSettings(2.0, None, 1.0) and session.last.resampled
+    assert session.params == SamplingParams(2.0, None, 1.0, seed=3, max_tokens=10, stop_token_ids=(2,))
+    assert session.last.resampled and session.last.params == session.params
     back = session.resample(temperature=0.0)
     assert back.token_id == greedy_token and session.generated[-1] == greedy_token and len(session.generated) == 2
     assert calls == []
@@ -128,7 +129,7 @@ def test_resample_reuses_the_logits_without_a_model_call(real, scratch, monkeypa
 
 
 def test_bad_calls_are_refused_and_change_nothing(real, scratch):
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=3, settings=SamplingSettings(0.0))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=3))
     with pytest.raises(CourseError, match="prefill"):
         session.step()
     with pytest.raises(CourseError, match="empty"):
@@ -166,7 +167,7 @@ def test_bad_calls_are_refused_and_change_nothing(real, scratch):
 
 
 def test_the_context_caps_the_number_of_new_tokens(real, scratch):
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=50, settings=SamplingSettings(0.0))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=50))
     session.model = copy.copy(scratch)
     session.model.cfg = copy.copy(scratch.cfg)
     session.model.cfg.max_position_embeddings = 12
@@ -175,13 +176,15 @@ def test_the_context_caps_the_number_of_new_tokens(real, scratch):
 
 
 def test_constructor_refuses_bad_values(real, scratch):
-    with pytest.raises(CourseError, match="max_new_tokens"):
-        GenerationSession(scratch, real.tokenizer, max_new_tokens=0)
+    with pytest.raises(CourseError, match="params must be a SamplingParams"):
+        GenerationSession(scratch, real.tokenizer, {"max_tokens": 0})
     with pytest.raises(CourseError, match="attention"):
         GenerationSession(scratch, real.tokenizer, attention=(0, 9))
-    with pytest.raises(CourseError, match="seed"):
-        GenerationSession(scratch, real.tokenizer, seed="x")
-    assert GenerationSession(scratch, real.tokenizer).stop_ids == (2,)
+    with pytest.raises(CourseError, match="stop strings"):
+        GenerationSession(scratch, real.tokenizer, SamplingParams(stop=["\n"]))
+    default = GenerationSession(scratch, real.tokenizer)
+    assert default.params == SamplingParams(stop_token_ids=(2,))  # temperature 1; the end-of-turn ids stop it
+    assert GenerationSession(scratch, real.tokenizer, SamplingParams(stop_token_ids=[7])).params.stop_token_ids == (7,)
 
 
 def test_the_stepper_benchmark_prints_its_figures(real, capsys):
@@ -199,15 +202,15 @@ def test_a_repetition_penalty_in_the_session_gives_transformers_tokens(real, scr
     from llm_anatomy.generate.penalties import Penalties
 
     ids = real.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(0.0),
-                                penalties=Penalties(repetition=1.5))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, repetition_penalty=1.5,
+                                                                                    max_tokens=12))
     session.generate(ids)
     with torch.no_grad():
         want = real.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                    max_new_tokens=12, do_sample=False, repetition_penalty=1.5,
                                    pad_token_id=real.tokenizer.eos_token_id)[0, len(ids):].tolist()
     assert session.generated == want[:len(session.generated)]
-    plain = GenerationSession(scratch, real.tokenizer, max_new_tokens=12, settings=SamplingSettings(0.0))
+    plain = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=12))
     plain.generate(ids)
     assert plain.generated != session.generated  # the penalty changed the greedy text: the test can tell
 
@@ -215,18 +218,18 @@ def test_a_repetition_penalty_in_the_session_gives_transformers_tokens(real, scr
 def test_min_p_and_penalties_resample_without_a_model_call_and_bad_ones_change_nothing(real, scratch, monkeypatch):
     from llm_anatomy.generate.penalties import Penalties
 
-    session = GenerationSession(scratch, real.tokenizer, max_new_tokens=8, settings=SamplingSettings(0.0))
+    session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=8))
     session.prefill("the the the the", chat=False)
     greedy = session.generated[-1]
     calls = []
     original = scratch.trace
     monkeypatch.setattr(scratch, "trace", lambda *a, **k: calls.append(1) or original(*a, **k))
     banned = session.resample(penalties=Penalties(repetition=1e6))  # every seen token pushed far down
-    assert banned.token_id not in session.prompt_ids and session.penalties.repetition == 1e6
+    assert banned.token_id not in session.prompt_ids and session.params.repetition_penalty == 1e6
     back = session.resample(penalties=Penalties())
     assert back.token_id == greedy
     one = session.resample(temperature=1.0, min_p=1.0)  # only tokens as likely as the best one
-    assert one.token_id == greedy and one.prob == 1.0 and session.settings.min_p == 1.0
+    assert one.token_id == greedy and one.prob == 1.0 and session.params.min_p == 1.0
     before = _state(session)
     for bad in (dict(min_p=1.5), dict(penalties=Penalties), dict(penalties=0.5)):
         with pytest.raises(CourseError):
@@ -235,3 +238,26 @@ def test_min_p_and_penalties_resample_without_a_model_call_and_bad_ones_change_n
     with pytest.raises(CourseError, match="frequency_penalty"):
         session.set_settings(penalties=Penalties(frequency=-9))
     assert calls == [] and _same_state(_state(session), before)
+
+
+def test_the_session_and_a_served_request_stop_by_the_same_rule(real, scratch):
+    """generate/stops.finish_reason decides for both: a greedy session and the same prompt as a Request served by the
+    continuous scheduler, with the same params, end with the same tokens and the same reason (the session says "eos"
+    for "stop"); a stop id chosen from the greedy answer cuts both at the same place."""
+    from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.serve.scheduler import ContinuousScheduler
+
+    ids = real.tokenizer("One, two, three, four, five,")["input_ids"]
+    free = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=6))
+    free.generate(ids, chat=False)
+    params = SamplingParams(0.0, max_tokens=6, stop_token_ids=[free.generated[3]])
+    for p, reason in ((params, "stop"), (SamplingParams(0.0, max_tokens=6, stop_token_ids=[10 ** 5]), "length")):
+        session = GenerationSession(scratch, real.tokenizer, p)
+        session.generate(ids, chat=False)
+        pool = PagedKVPool.for_model(scratch, 16, 16)
+        served = ContinuousScheduler(scratch, pool, max_batch=1).run([Request(ids, params=p)])[0]
+        assert served.output == session.generated and served.finish_reason == reason
+        assert session.last.stop_reason == {"stop": "eos", "length": "length"}[reason]
+        if reason == "stop":
+            assert len(served.output) <= 4 and served.output[-1] == free.generated[3]  # cut at the stop id
+    assert served.output == free.generated and len(served.output) == 6

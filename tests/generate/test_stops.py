@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.generate.stops import REPLACEMENT, StopMatcher, StreamingDetokenizer
+from llm_anatomy.generate.sampling import SamplingParams
+from llm_anatomy.generate.stops import REPLACEMENT, StopMatcher, StreamingDetokenizer, finish_reason
 
 
 def _stream(matcher, pieces):
@@ -67,3 +68,11 @@ def test_naive_per_token_decoding_shows_a_replacement_character(reference_tokeni
 def test_a_tokenizer_without_decode_is_refused():
     with pytest.raises(CourseError, match="decode"):
         StreamingDetokenizer(object())
+
+
+def test_one_rule_says_when_a_generation_is_finished_and_why():
+    params = SamplingParams(max_tokens=3, stop_token_ids=[7, 9])
+    assert [finish_reason(params, out) for out in ([], [1], [1, 2], [1, 9], [1, 2, 3], [1, 2, 7])] == \
+        [None, None, None, "stop", "length", "stop"]  # a stop token that is also the last allowed one: "stop"
+    assert finish_reason(SamplingParams(max_tokens=2), [7, 9]) == "length"  # no stop ids: only the length
+    assert finish_reason(params, [7, 1]) is None  # a stop id before the last token does not count

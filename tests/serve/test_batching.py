@@ -64,3 +64,28 @@ def test_static_batching_refuses_a_bad_request_before_serving_any(tiny):
         with pytest.raises(CourseError, match=words):
             run_static(tiny, [good, bad])
     assert good.output == [] and good.token_times == []
+
+
+def test_static_batching_picks_each_token_by_the_requests_own_params(tiny):
+    """Bug 2: run_static took the argmax whatever a request asked. A request's draws come from its own generator, so
+    static batching gives seeded sampled requests exactly the tokens the continuous scheduler gives them (penalties
+    and logprobs included); greedy requests keep their greedy tokens."""
+    from llm_anatomy.generate.sampling import SamplingParams
+    from llm_anatomy.serve.paged_kv import PagedKVPool
+    from llm_anatomy.serve.scheduler import ContinuousScheduler
+
+    hot, cool = dict(temperature=1.5), dict(temperature=0.8, top_k=20, top_p=0.9)
+    reqs = [Request([5, 9, 11, 3], 10, params=SamplingParams(**hot, seed=1)), Request([7, 8], 10),  # greedy
+            Request([5, 9, 11, 3], 8, params=SamplingParams(**hot, seed=2)),
+            Request([40, 2, 6], 9, params=SamplingParams(**cool, seed=1, repetition_penalty=1.3, presence_penalty=0.5,
+                                                         top_logprobs=2))]
+    static = run_static(tiny, reqs, max_batch=4)
+    continuous = ContinuousScheduler(tiny, PagedKVPool.for_model(tiny, 64, 4), max_batch=4).run(reqs)
+    assert [r.output for r in static] == [r.output for r in continuous]
+    greedy = [generate_greedy(tiny, torch.tensor([r.prompt]), r.max_new_tokens).tokens[0].tolist() for r in reqs]
+    assert static[1].output == greedy[1]
+    assert static[0].output != greedy[0] and static[0].output[:8] != static[2].output  # sampled, each by its seed
+    flat = lambda r: [(lp, *(x for pair in top for x in pair)) for lp, top in r.logprobs]  # logprob, id, lp, id, lp
+    assert len(static[3].logprobs) == 9 and all(a == pytest.approx(b, abs=1e-4)
+                                                for a, b in zip(flat(static[3]), flat(continuous[3])))
+    assert static[0].logprobs == []  # only the request that asked

@@ -9,10 +9,9 @@ import torch
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import generate_greedy, left_pad, prefill
-from llm_anatomy.generate.sampling import SamplingSettings
+from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.batching import Request
-from llm_anatomy.serve.sampler import SamplingParams
 from llm_anatomy.serve.flat_step import flat_step
 from llm_anatomy.serve.paged_kv import PagedKVPool, RaggedPagedView
 from llm_anatomy.serve.scheduler import ContinuousScheduler
@@ -89,9 +88,10 @@ def test_shared_prefixes_are_reused_by_the_flattened_engine(tiny):
 
 
 def test_seeded_sampling_draws_the_same_tokens_flattened(tiny):
-    hot, cool = SamplingSettings(temperature=1.5), SamplingSettings(temperature=0.7, top_k=20, top_p=0.9)
-    requests = [Request([5, 9, 11, 3], 12, params=SamplingParams(hot, 1)), Request([7, 8], 12),
-                Request([5, 9, 11, 3, 8, 8, 2], 10, params=SamplingParams(hot, 2)), Request([40, 2, 6], 9, params=SamplingParams(cool, 1))]
+    hot, cool = dict(temperature=1.5), dict(temperature=0.7, top_k=20, top_p=0.9)
+    requests = [Request([5, 9, 11, 3], 12, params=SamplingParams(**hot, seed=1)), Request([7, 8], 12),
+                Request([5, 9, 11, 3, 8, 8, 2], 10, params=SamplingParams(**hot, seed=2)),
+                Request([40, 2, 6], 9, params=SamplingParams(**cool, seed=1))]
     _, ours, _, theirs = _runs(tiny, requests, max_batch=4, max_batched_tokens=3)
     assert [r.output for r in theirs] == [r.output for r in ours]
 

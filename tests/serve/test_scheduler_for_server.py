@@ -8,9 +8,8 @@ import torch
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.decode import decode_step, generate_greedy, prefill
-from llm_anatomy.generate.sampling import SamplingSettings, sample_with, seeded_generator, token_logprobs
+from llm_anatomy.generate.sampling import SamplingParams, sample_next, seeded_generator, token_logprobs
 from llm_anatomy.serve.batching import Request
-from llm_anatomy.serve.sampler import SamplingParams
 from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler
 
@@ -19,32 +18,34 @@ def _scheduler(model, blocks=64, block_size=4, **kwargs):
     return ContinuousScheduler(model, PagedKVPool.for_model(model, blocks, block_size), **kwargs)
 
 
-def _sampled_alone(model, prompt, n, settings, seed):
-    """The reference: the course's one decoding loop, each token drawn by sample_with from a generator of `seed`."""
-    cache, gen, out = model.new_cache(1, len(prompt) + n), seeded_generator(seed), []
+def _sampled_alone(model, prompt, n, params):
+    """The reference: the course's one decoding loop, each token drawn by sample_next from a generator of params.seed."""
+    cache, gen, out = model.new_cache(1, len(prompt) + n), seeded_generator(params.seed), []
     logits = prefill(model, torch.tensor([prompt]), cache).logits[0, -1]
     for _ in range(n):
-        out.append(int(sample_with(logits, settings, gen)[0]))
+        out.append(int(sample_next(logits, params, gen)[0]))
         logits = decode_step(model, torch.tensor([[out[-1]]]), cache).logits[0, -1]
     return out
 
 
 def test_each_request_samples_with_its_own_settings_and_seed_whatever_the_batch(tiny):
-    hot, cool = SamplingSettings(temperature=1.5), SamplingSettings(temperature=0.7, top_k=20, top_p=0.9)
-    requests = [Request([5, 9, 11, 3], 12, params=SamplingParams(hot, 1)), Request([7, 8], 12),  # the second is greedy
-                Request([5, 9, 11, 3], 12, params=SamplingParams(hot, 2)), Request([40, 2, 6], 9, params=SamplingParams(cool, 1))]
+    hot = dict(temperature=1.5)
+    cool = dict(temperature=0.7, top_k=20, top_p=0.9)
+    requests = [Request([5, 9, 11, 3], 12, params=SamplingParams(**hot, seed=1)), Request([7, 8], 12),  # greedy
+                Request([5, 9, 11, 3], 12, params=SamplingParams(**hot, seed=2)),
+                Request([40, 2, 6], 9, params=SamplingParams(**cool, seed=1))]
     together = _scheduler(tiny, max_batch=4, max_batched_tokens=3).run(requests)
     alone = [_scheduler(tiny, max_batch=1).run([r])[0] for r in requests]
     assert [r.output for r in together] == [r.output for r in alone]  # a request's draws are its own
-    assert together[0].output == _sampled_alone(tiny, requests[0].prompt, 12, hot, 1)
-    assert together[3].output == _sampled_alone(tiny, requests[3].prompt, 9, cool, 1)
+    assert together[0].output == _sampled_alone(tiny, requests[0].prompt, 12, requests[0].params)
+    assert together[3].output == _sampled_alone(tiny, requests[3].prompt, 9, requests[3].params)
     assert together[1].output == generate_greedy(tiny, torch.tensor([[7, 8]]), 12).tokens[0].tolist()
     assert together[0].output != together[2].output  # another seed, other draws
-    assert requests[0].fresh().params == SamplingParams(hot, 1)
+    assert requests[0].fresh().params == SamplingParams(**hot, seed=1, max_tokens=12)
 
 
 def test_logprobs_are_recorded_for_the_requests_that_ask(tiny):
-    asked, plain = Request([3, 4, 5], 4, params=SamplingParams(top_logprobs=3)), Request([3, 4, 5], 4)
+    asked, plain = Request([3, 4, 5], 4, params=SamplingParams(0.0, top_logprobs=3)), Request([3, 4, 5], 4)
     out = _scheduler(tiny, max_batch=2).run([asked, plain])
     assert out[1].logprobs == [] and len(out[0].logprobs) == 4
     cache = tiny.new_cache(1, 8)
@@ -55,7 +56,7 @@ def test_logprobs_are_recorded_for_the_requests_that_ask(tiny):
     assert top[0][0] == out[0].output[0]  # greedy: the chosen token is the most likely one
     with pytest.raises(CourseError, match="top_logprobs"):
         SamplingParams(top_logprobs=-1)
-    with pytest.raises(CourseError, match="SamplingSettings"):
+    with pytest.raises(CourseError, match="temperature"):
         SamplingParams({"temperature": 1.0})
 
 

@@ -175,13 +175,12 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     # the same penalties through the API and through GenerationSession (generate/penalties.py), greedy, token ids
     # as the prompt: the same text; the counting answer without them is another one (" 11, 12,"; they part at the
     # 8th token)
-    from llm_anatomy.generate.penalties import Penalties
-    from llm_anatomy.generate.sampling import SamplingSettings
+    from llm_anatomy.generate.sampling import SamplingParams
     from llm_anatomy.generate.session import GenerationSession
 
     ids = real.tokenizer("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,")["input_ids"]
-    session = GenerationSession(scratch_real, real.tokenizer, max_new_tokens=8,
-                                settings=SamplingSettings(0.0), penalties=Penalties(presence=2.0, frequency=2.0))
+    session = GenerationSession(scratch_real, real.tokenizer, SamplingParams(0.0, presence_penalty=2.0,
+                                                                             frequency_penalty=2.0, max_tokens=8))
     want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
 
     def ask(**penalties):
@@ -191,3 +190,8 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     penalized = ask(presence_penalty=2.0, frequency_penalty=2.0)
     assert penalized == real.tokenizer.decode(want)
     assert ask() != penalized
+    # vLLM's repetition_penalty (an extra field of the body) reaches the same SamplingParams as the session's
+    session = GenerationSession(scratch_real, real.tokenizer, SamplingParams(0.0, repetition_penalty=3.0, max_tokens=8))
+    want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
+    repeated = ask(extra_body={"repetition_penalty": 3.0})
+    assert repeated == real.tokenizer.decode(want) and repeated != ask()

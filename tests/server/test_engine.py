@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.serve.sampler import SamplingParams
+from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.server.engine import EngineLoop, admission
 
 
@@ -58,7 +58,6 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     import threading
     import time
 
-    from llm_anatomy.generate.sampling import SamplingSettings
     from llm_anatomy.server.engine import HAND_OVER_S
 
     order, finished = [], threading.Event()
@@ -72,7 +71,7 @@ def test_the_engine_hands_each_steps_tokens_over_before_its_next_step(scratch_ti
     engine.flush = lambda timeout_s: order.append(("flush", timeout_s))
     engine.start()
     try:
-        engine.submit([5, 6, 7, 8], 6, SamplingParams(SamplingSettings(0.0)), [], put, name="t", received_s=engine.clock())
+        engine.submit([5, 6, 7, 8], SamplingParams(0.0, max_tokens=6), put, name="t", received_s=engine.clock())
         assert finished.wait(60)
     finally:
         engine.stop()
@@ -107,7 +106,8 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
     def run(with_penalties):
         sched = ContinuousScheduler(scratch_tiny, PagedKVPool.for_model(scratch_tiny, 32, 4), 2, None,
                                     clock=lambda: 0.0)
-        params = SamplingParams(penalties=penalties if with_penalties else None)
+        params = SamplingParams(0.0, presence_penalty=penalties.presence if with_penalties else 0.0,
+                                frequency_penalty=penalties.frequency if with_penalties else 0.0)
         request = sched.submit(Request([5, 6, 7, 5, 6, 7], 12, params=params))
         for _ in range(20):
             if not sched.step():
@@ -127,14 +127,13 @@ def test_penalties_act_on_the_logits_as_the_generation_session_applies_them(scra
 def test_a_queue_limit_of_0_takes_a_request_that_a_free_slot_will_take_and_refuses_the_next(scratch_tiny,
                                                                                           reference_tokenizer):
     # what --max-waiting auto gives when the objective leaves no time to wait: nobody queues, but the slots fill
-    from llm_anatomy.generate.sampling import SamplingSettings
     from llm_anatomy.server.schemas import APIError
 
     engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=0)
     for _ in range(2):  # two free slots (the engine is not started: nothing is admitted yet)
-        engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
+        engine.submit([1, 2, 3], SamplingParams(0.0, max_tokens=2), lambda event: None)
     with pytest.raises(APIError) as refused:
-        engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
+        engine.submit([1, 2, 3], SamplingParams(0.0, max_tokens=2), lambda event: None)
     assert refused.value.status == 429 and engine.waiting == 2
 
 
@@ -142,13 +141,12 @@ def test_a_request_the_scheduler_has_just_admitted_is_not_counted_as_waiting_too
     # The handler decides while the engine thread runs: between the scheduler admitting a request and the engine
     # handing out its first events, the request is running already. Counting it as running and as waiting refused
     # clients that the queue had room for (two slots, a queue of one: the third request must wait, the fourth not).
-    from llm_anatomy.generate.sampling import SamplingSettings
     from llm_anatomy.server.schemas import APIError
 
     engine = EngineLoop(scratch_tiny, reference_tokenizer, max_batch=2, kv_blocks=32, block_size=4, max_waiting=1)
 
     def submit():
-        return engine.submit([1, 2, 3], 2, SamplingParams(SamplingSettings(0.0)), [], lambda event: None)
+        return engine.submit([1, 2, 3], SamplingParams(0.0, max_tokens=2), lambda event: None)
 
     first, _ = submit(), submit()
     engine.scheduler.submit(first.request)  # what the engine thread does next, up to the admission of the first

@@ -41,6 +41,7 @@ def _chat(model_id, **fields):
     ("MODEL frobnicate 1", 400, "frobnicate"),  # a field the API does not have
     ("MODEL presence_penalty 2.5", 400, "presence_penalty"),  # OpenAI's range is -2 .. 2
     ("MODEL frequency_penalty -3", 400, "frequency_penalty"),
+    ("MODEL repetition_penalty 0", 400, "repetition_penalty"),  # vLLM's: a factor > 0
     ("NOMODEL", 404, "model"),
 ])
 def test_a_bad_request_gets_the_apis_error_body_and_leaves_the_engine_untouched(server, model_id, body, status, param):

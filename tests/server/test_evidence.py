@@ -91,8 +91,7 @@ def _engine(model, tokenizer):
 def _stream(engine, world, max_tokens=10):
     """One greedy request through a real engine loop; its events go through world(put), the way a server would pass
     them on. Returns (when each text event reached the 'client', when the engine made each token), engine clock."""
-    from llm_anatomy.generate.sampling import SamplingSettings
-    from llm_anatomy.serve.sampler import SamplingParams
+    from llm_anatomy.generate.sampling import SamplingParams
 
     events, finished = [], threading.Event()
 
@@ -101,7 +100,7 @@ def _stream(engine, world, max_tokens=10):
         if event[0] == "finish":
             finished.set()
 
-    engine.submit([5, 6, 7, 8], max_tokens, SamplingParams(SamplingSettings(0.0)), [], world(client), name="t")
+    engine.submit([5, 6, 7, 8], SamplingParams(0.0, max_tokens=max_tokens), world(client), name="t")
     assert finished.wait(60)
     arrivals = [t for t, e in events if e[0] == "text" and e[1]]
     made = events[-1][1][2]["token_times_s"]
@@ -283,8 +282,7 @@ def _cancel_mid_stream(engine, max_tokens=32, read=6):
     come back. Returns cancel_claim's arguments. Each step sleeps 10 ms more: the real model's step runs mostly outside
     the interpreter lock, the tiny one's almost all inside it, where this thread's polling would wait its turn (5 ms
     at a time) and time the lock, not the engine (measured: freed after 12 ms, 8.6 steps of 1.4 ms, without it)."""
-    from llm_anatomy.generate.sampling import SamplingSettings
-    from llm_anatomy.serve.sampler import SamplingParams
+    from llm_anatomy.generate.sampling import SamplingParams
     from llm_anatomy.server.client import poll_until
     from llm_anatomy.server.metrics import parse_metrics
 
@@ -308,7 +306,7 @@ def _cancel_mid_stream(engine, max_tokens=32, read=6):
             times.append(time.monotonic())
             if len(times) == read:
                 got.set()
-    live = engine.submit([5, 6, 7, 8], max_tokens, SamplingParams(SamplingSettings(0.0)), [], put, name="c")
+    live = engine.submit([5, 6, 7, 8], SamplingParams(0.0, max_tokens=max_tokens), put, name="c")
     assert got.wait(60)
     during = metrics()
     engine.cancel(live)

@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from llm_anatomy.generate.sampling import SamplingSettings
+from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.generate.steps import Candidate, StepResult
 from llm_anatomy.views.stepper import attention_html, cache_html, chart_html, text_html, times_html
 
@@ -23,7 +23,7 @@ def _step(index, token, ms, fed=1, candidates=None, tokens=10, capacity=40):
                                 Candidate(67, "C", 0.0, 0.1)]
     prob = next(c.prob for c in candidates if c.token_id == token)
     return StepResult(index, token, chr(token), prob, candidates, fed, tokens, tokens * 100, capacity, capacity * 100,
-                      ms, SamplingSettings(temperature=0.7, top_k=2))
+                      ms, SamplingParams(temperature=0.7, top_k=2))
 
 
 def test_the_text_shows_the_prompt_and_marks_the_newest_token():

@@ -35,7 +35,7 @@ def _tokens(stepper):
 
 def _snapshot(stepper):
     s = stepper.session
-    return (s.prompt_ids[:], s.generated[:], len(s.steps), s.settings, s.penalties, s.cache and s.cache.length,
+    return (s.prompt_ids[:], s.generated[:], len(s.steps), s.params, s.cache and s.cache.length,
             stepper.text.value, stepper.chart.value, stepper.cache.value, stepper.times.value)
 
 
@@ -103,18 +103,18 @@ def test_min_p_and_penalty_controls_resample_without_a_model_call(real, scratch,
     stepper.on_prefill()
     calls, greedy = len(counted), stepper.session.generated[-1]
     stepper.repetition.value = 1e6  # every token of the prompt pushed far down
-    assert stepper.error.text == "" and stepper.session.penalties.repetition == 1e6
+    assert stepper.error.text == "" and stepper.session.params.repetition_penalty == 1e6
     assert stepper.session.generated[-1] not in stepper.session.prompt_ids
     stepper.repetition.value = 1.0
     assert stepper.session.generated[-1] == greedy
     stepper.temperature.value = 2.0
     stepper.min_p.value = 1.0  # only the most likely token passes
-    assert stepper.session.generated[-1] == greedy and stepper.session.settings.min_p == 1.0
+    assert stepper.session.generated[-1] == greedy and stepper.session.params.min_p == 1.0
     assert "min-p 1" in stepper.chart.value and len(counted) == calls
     stepper.presence.value = 0.5  # counts the output only: nothing generated before this token
-    assert stepper.session.penalties.presence == 0.5 and stepper.session.generated[-1] == greedy
+    assert stepper.session.params.presence_penalty == 0.5 and stepper.session.generated[-1] == greedy
     stepper.on_step()  # the penalties stay for the next step
-    assert len(counted) == calls + 1 and stepper.session.penalties.presence == 0.5
+    assert len(counted) == calls + 1 and stepper.session.params.presence_penalty == 0.5
 
 
 def test_play_runs_to_the_limit_and_stops(stepper):

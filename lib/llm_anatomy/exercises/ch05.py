@@ -12,13 +12,13 @@ import sys
 
 import torch
 
-from ..generate import sampling
+from ..generate import sampling, stops
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 from ._tiny import Recorder, stop_cases, stopped_on_the_prompt, tiny_model
 
 def _no_sampler(*names: str, why: str) -> forbidden_all:
-    """The library's samplers refused: next_token_probs and the ones named (sample_next and sample_with call it)."""
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with") + names],
+    """The library's samplers refused: next_token_probs and the ones named (sample_next calls it)."""
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next") + names],
                          why)
 
 
@@ -36,7 +36,7 @@ def _choice_cases() -> list[tuple[torch.Tensor, float, int | None]]:
 def _no_choice() -> forbidden_all:
     """The library's samplers and transformers' temperature and top-k warpers refused."""
     warpers = sys.modules.get("transformers.generation.logits_process")
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "greedy",
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "greedy",
                                                         "_divide_by_temperature", "top_k_mask")]
                          + [(warpers, "TemperatureLogitsWarper"), (warpers, "TopKLogitsWarper")],
                          "divide, cut and normalise yourself (torch.topk and torch.softmax are fine)")
@@ -120,7 +120,7 @@ def _top_p_cases() -> list[tuple[torch.Tensor, float]]:
 
 def _no_top_p() -> forbidden_all:
     warpers = sys.modules.get("transformers.generation.logits_process")
-    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "sample_with", "top_p_mask")]
+    return forbidden_all([(sampling, name) for name in ("next_token_probs", "sample_next", "top_p_mask")]
                          + [(warpers, "TopPLogitsWarper")],
                          "sort, add up and cut yourself: the nucleus is the exercise")
 
@@ -217,6 +217,12 @@ def check_min_p(keep_min_p) -> str:
 
 # ---------------------------------------------------------------------------------------------- the decoding loop
 
+def _no_stop_rule() -> forbidden_all:
+    """The library's stop rule refused: deciding when and why to stop is the exercise (5.3 here, 6.1 cached)."""
+    return forbidden_all([(stops, "finish_reason")], "compare each new token with stop_ids and count the tokens "
+                                                     "yourself: saying why the loop stopped is the exercise.")
+
+
 @exercise
 @hints("Start from the append-and-rerun loop of section 2; what changes is when it ends, and what it says about it.",
        "After picking each token, check it against stop_ids: if it is one, keep it, and stop with the reason 'stop'. "
@@ -233,8 +239,9 @@ def check_generate_until_stop(generate_until_stop) -> str:
     for ids, n, stop_ids, want, why in stop_cases(model, 11, ((5, 12), (9, 8))):
         prompt_len, stop = ids.shape[1], want[-1]
         rec = Recorder(model)
-        out = returned(call(generate_until_stop, rec, ids.clone(), n, set(stop_ids)), "pair",
-                       "(the new ids, the reason)")
+        with _no_stop_rule():
+            out = returned(call(generate_until_stop, rec, ids.clone(), n, set(stop_ids)), "pair",
+                           "(the new ids, the reason)")
         got, reason = returned(out[0], "ids", "the new token ids"), out[1]
         on_prompt = stopped_on_the_prompt(ids, got, reason, want, stop_ids)
         expect(on_prompt is None, on_prompt or "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..generate import stops
 from ..model.kv_cache import KVCache
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
 from ._watch import torch_calls
@@ -126,6 +127,12 @@ def check_users_that_fit(answer) -> str:
 
 # ---------------------------------------------------------------------------------------------- the cached loop
 
+def _no_stop_rule() -> forbidden_all:
+    """The library's stop rule refused: deciding when and why to stop is part of the exercise."""
+    return forbidden_all([(stops, "finish_reason")], "compare each new token with stop_ids and count the tokens "
+                                                     "yourself, as in exercise 5.3.")
+
+
 _OVERFLOWED = object()  # what the learner's loop "returned" when it overflowed the cache
 
 @exercise
@@ -144,7 +151,8 @@ def check_generate_with_cache(generate_with_cache) -> str:
         prompt_len, stop = ids.shape[1], want[-1]
         rec = Recorder(model)
         try:
-            out = call(generate_with_cache, rec, ids.clone(), n, set(stop_ids))
+            with _no_stop_rule():
+                out = call(generate_with_cache, rec, ids.clone(), n, set(stop_ids))
         except Exception:
             if not any(shape[1] > 1 for shape in rec.fed[1:]):
                 raise

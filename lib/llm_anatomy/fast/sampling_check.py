@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import CourseError
+from ..generate.sampling import SamplingParams
 from ..measure.stats import ChiSquared, chi_squared_test
 from .speculative import speculative_generate
 
@@ -69,10 +70,11 @@ def end_to_end_sampling(model, prompt_ids: torch.Tensor, draft, draws: int = 400
     if draws < 50:
         raise CourseError(f"A chi-squared test needs many draws: at least 50, not {draws}.")
     g = torch.Generator(device=prompt_ids.device).manual_seed(seed)
+    params = SamplingParams(temperature=temperature)  # no filter: the marginals above are the plain softmax's
     seconds, kept, drafted = [], 0, 0
     for _ in range(draws):
         # k + 2 new tokens: the prefill gives the first, so the round after it has room for all k drafts (with 2, none)
-        run = speculative_generate(model, prompt_ids, k + 2, draft, k, temperature=temperature, generator=g)
+        run = speculative_generate(model, prompt_ids, k + 2, draft, k, params=params, generator=g)
         seconds.append(run.tokens[1])
         kept, drafted = kept + run.accepted, drafted + run.drafted
     samples = torch.tensor(seconds)  # [draws]

@@ -14,11 +14,12 @@ model itself would have chosen after draft i - 1:
 
 Drafts that need no second model: `PromptLookupDraft` copies what followed the latest earlier match of the
 last few tokens (texts that quote their input: edits, summaries, code); `LayerSkipDraft` runs the model with
-some of its layers left out. Both keep the interface draft(context, k, settings, generator) -> (tokens, q or None).
+some of its layers left out. Both keep the interface draft(context, k, params, generator) -> (tokens, q or None).
 
 The verify pass is a `prefill` (generate/decode.py) that keeps the logits of every position it feeds, so a pass that
-fails leaves the cache as it was; every token is chosen by generate/sampling.py, the course's one sampler (so
-top-k and top-p work here too: p and q are then the filtered distributions, and the rule keeps p exactly).
+fails leaves the cache as it was; every token is chosen by generate/sampling.py's `sample_next` with one
+`SamplingParams`, the course's one sampler (so top-k, top-p, min-p and the penalties work here too: p and q are then
+the penalized, filtered distributions, and the rule keeps p exactly).
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from torch import nn
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, prefill
-from ..generate.sampling import SamplingSettings, greedy, next_token_probs, sample_with
-
-GREEDY = SamplingSettings(temperature=0.0)
+from ..generate.sampling import GREEDY, SamplingParams, greedy, next_token_probs, sample_next, seeded_generator
 
 # --------------------------------------------------------------------------- drafts
 
@@ -51,7 +50,7 @@ class PromptLookupDraft:
             raise CourseError(f"Use 1 <= min_ngram <= max_ngram, not {min_ngram} and {max_ngram}.")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def draft(self, context: list[int], k: int, settings: SamplingSettings | None = None, generator=None):
+    def draft(self, context: list[int], k: int, params: SamplingParams | None = None, generator=None):
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):  # latest match first, never the tail itself
@@ -81,20 +80,21 @@ class LayerSkipDraft:
         self.model.layers = nn.ModuleList(model.layers[i] for i in keep)
         self.keep, self.max_len, self.cache = keep, max_len, None
 
-    def draft(self, context: list[int], k: int, settings: SamplingSettings | None = None, generator=None):
-        settings = settings or GREEDY
+    def draft(self, context: list[int], k: int, params: SamplingParams | None = None, generator=None):
+        """k tokens drawn by `params` (its penalties left out: q only has to be what the draft drew from), and q."""
+        params = _without_penalties(params or GREEDY)
         if self.cache is None or self.cache.max_len < len(context) + k:
             self.cache = self.model.new_cache(1, max(self.max_len or 0, 2 * (len(context) + k)))
         device = self.model.device
         out = prefill(self.model, torch.tensor([context[self.cache.length:]], device=device), self.cache)  # catch up
         tokens, probs = [], []
         for i in range(k):
-            token, q = _choose(out.logits[0, -1], settings, generator)
+            token, q = _choose(out.logits[0, -1], params, generator)
             tokens.append(token)
             probs.append(q)
             if i < k - 1:
                 out = decode_step(self.model, torch.tensor([[token]], device=device), self.cache)
-        return tokens, (None if settings.greedy else torch.stack(probs))
+        return tokens, (None if params.greedy else torch.stack(probs))
 
     def rollback(self, valid: int) -> None:
         """Forget cached positions from `valid` on (drafts that the model rejected)."""
@@ -102,13 +102,16 @@ class LayerSkipDraft:
             self.cache.length = min(self.cache.length, valid)
 
 
-def _choose(logits: torch.Tensor, settings: SamplingSettings, generator=None) -> tuple[int, torch.Tensor | None]:
-    """The next token from logits [vocab] by the course's sampler, and the distribution it came from (None when
-    greedy: the choice is certain)."""
-    if settings.greedy:
-        return int(greedy(logits)), None
-    token, probs = sample_with(logits, settings, generator)
-    return int(token), probs
+def _choose(logits: torch.Tensor, params: SamplingParams, generator=None, *, prompt=None,
+            output=None) -> tuple[int, torch.Tensor | None]:
+    """The next token from logits [vocab] by the course's sampler (penalties counted on `prompt` and `output`), and
+    the distribution it came from (None when greedy: the choice is certain)."""
+    token, probs = sample_next(logits, params, generator, prompt=prompt, output=output)
+    return int(token), (None if params.greedy else probs)
+
+
+def _without_penalties(params: SamplingParams) -> SamplingParams:
+    return dataclasses.replace(params, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
 
 
 # --------------------------------------------------------------------------- the rule
@@ -165,15 +168,22 @@ class SpeculativeResult:
 
 @torch.inference_mode()
 def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft, k: int = 4, *,
-                         temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, generator=None,
+                         params: SamplingParams = GREEDY, generator=None,
                          eos_token_id: int | None = None) -> SpeculativeResult:
     """Generate `new_tokens` for one prompt [1, seq]: draft k tokens, verify them in one pass, keep the good ones.
 
-    temperature 0 is greedy (the same tokens as generate_greedy); above 0, samples from the distribution
-    generate/sampling.py makes (temperature, then top-k, then top-p) with the accept-or-resample rule.
-    Stops after `eos_token_id` when given.
+    params (a SamplingParams): greedy (temperature 0, the default) gives the same tokens as plain greedy decoding;
+    above 0, samples from the distribution generate/sampling.py's sample_next makes (the penalties on the prompt and
+    the tokens so far, then temperature, top-k, top-p, min-p) with the accept-or-resample rule; the draws come from
+    `generator`, or from one seeded with params.seed. It makes `new_tokens` tokens (params.max_tokens is not read) and
+    stops after `eos_token_id` or one of params.stop_token_ids. Stop strings and logprobs are refused: this loop keeps
+    no text and records no logprobs.
     """
-    settings = SamplingSettings(temperature, top_k, top_p)  # refuses bad settings before anything runs
+    if not isinstance(params, SamplingParams):
+        raise CourseError(f"params must be a SamplingParams(temperature=..., top_k=...), not {params!r}.")
+    if params.stop or params.top_logprobs is not None:
+        raise CourseError("Speculative decoding here stops on token ids and records no logprobs: give params without "
+                          "stop strings and top_logprobs (a server's StopMatcher cuts stop strings from the text).")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise CourseError(f"The draft length k must be a whole number, at least 1, not {k!r}.")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
@@ -184,24 +194,27 @@ def speculative_generate(model, prompt_ids: torch.Tensor, new_tokens: int, draft
     if context is not None and prompt_ids.shape[1] + new_tokens > context:
         raise CourseError(f"The prompt's {prompt_ids.shape[1]} tokens and {new_tokens} new ones pass the model's context "
                           f"of {context} positions: ask for at most {max(context - prompt_ids.shape[1], 0)} new tokens.")
-    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, settings, generator,
-                                              eos_token_id), prompt_ids.device)
+    if generator is None and not params.greedy:
+        generator = seeded_generator(params.seed, prompt_ids.device)
+    stops = set(params.stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+    seconds, result = timed(lambda: _generate(model, prompt_ids, new_tokens, draft, k, params, generator, stops),
+                            prompt_ids.device)
     result.seconds = seconds
     return result
 
 
-def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_token_id) -> SpeculativeResult:
+def _generate(model, prompt_ids, new_tokens, draft, k, params, generator, stops) -> SpeculativeResult:
     """speculative_generate's loop, its arguments checked."""
     context = prompt_ids[0].tolist()
     cache = model.new_cache(1, len(context) + new_tokens + 1)
-    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], settings, generator)[0],
-                             prompt_ids.device)
+    prefill_s, first = timed(lambda: _choose(prefill(model, prompt_ids, cache).logits[0, -1], params, generator,
+                                             prompt=context, output=[])[0], prompt_ids.device)
     result = SpeculativeResult([first], prefill_s=prefill_s)
     draft.rollback(0)  # a new sequence: nothing the draft cached for an earlier one is valid
-    while len(result.tokens) < new_tokens and result.tokens[-1] != eos_token_id:
+    while len(result.tokens) < new_tokens and result.tokens[-1] not in stops:
         room = new_tokens - len(result.tokens) - 1  # the round's own token always comes on top of the drafts
         seen = context + result.tokens
-        drafts, q = draft.draft(seen, min(k, room), settings, generator) if room else ([], None)
+        drafts, q = draft.draft(seen, min(k, room), params, generator) if room else ([], None)
         if len(drafts) > min(k, room):  # the pass, the cache and q are sized for at most k drafts
             raise CourseError(f"The draft proposed {len(drafts)} tokens when asked for at most {min(k, room)}: "
                               "a draft's draft(context, k, ...) must return k tokens or fewer.")
@@ -209,7 +222,7 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         ids = torch.tensor([[result.tokens[-1]] + drafts], device=prompt_ids.device)  # [1, 1 + drafts]
         # the verify pass: a prefill of the last token and the drafts that keeps every position's logits
         logits = prefill(model, ids, cache, logits_to_keep=ids.shape[1]).logits[0]  # [1 + drafts, vocab]
-        kept, token = _verify(logits, drafts, q, settings, generator)
+        kept, token = _verify(logits, drafts, q, params, generator, context, result.tokens)
         cache.length = before + 1 + kept  # the last token and the kept drafts; the rest is overwritten later
         draft.rollback(len(seen) + kept)
         result.rounds += 1
@@ -221,25 +234,31 @@ def _generate(model, prompt_ids, new_tokens, draft, k, settings, generator, eos_
         result.drafted_per_round.append(len(drafts))
         result.drafts_per_round.append(list(drafts))
         result.tokens += drafts[:kept] + [token]
-    if eos_token_id in result.tokens:
-        result.tokens = result.tokens[:result.tokens.index(eos_token_id) + 1]
+    end = next((i for i, t in enumerate(result.tokens) if t in stops), None)
+    if end is not None:  # a round can keep drafts past a stop token: cut after the first
+        result.tokens = result.tokens[:end + 1]
     return result
 
 
-def _verify(logits, drafts, q, settings, generator) -> tuple[int, int]:
-    """(how many drafts to keep, the token that follows them) from the model's logits [1 + drafts, vocab]."""
-    if settings.greedy:  # keep the drafts while each is the model's own choice
+def _verify(logits, drafts, q, params, generator, prompt=(), output=()) -> tuple[int, int]:
+    """(how many drafts to keep, the token that follows them) from the model's logits [1 + drafts, vocab].
+    prompt, output: the ids before the round (the penalties count them and the drafts before each position)."""
+    penalties = params.penalties
+    if penalties is not None:  # position i follows the output so far and drafts 0 .. i - 1
+        logits = torch.stack([penalties.apply(row, prompt, [*output, *drafts[:i]]) for i, row in enumerate(logits)])
+        params = _without_penalties(params)  # applied: the rows below are the penalized logits
+    if params.greedy:  # keep the drafts while each is the model's own choice
         choices = greedy(logits).tolist()  # [1 + drafts]: one read back to the host for the whole round
         kept = next((i for i, x in enumerate(drafts) if x != choices[i]), len(drafts))
         return kept, choices[kept]
-    p_all = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p)  # [1 + drafts, vocab]
+    p_all = next_token_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)  # [1 + drafts, vocab]
     for i, x in enumerate(drafts):
         p = p_all[i]
         q_i = q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(x), p.numel()).to(p)
         accepted, token = accept_or_resample(p, q_i, torch.tensor([x], device=p.device), generator)
         if not bool(accepted[0]):
             return i, int(token[0])
-    return len(drafts), _choose(logits[len(drafts)], settings, generator)[0]  # all kept: a bonus token from p
+    return len(drafts), _choose(logits[len(drafts)], params, generator)[0]  # all kept: a bonus token from p
 
 
 # --------------------------------------------------------------------------- what to expect, and a test

@@ -13,7 +13,8 @@ They combine the way transformers' generate() chains its warpers: temperature, t
 then min-p, then sample (other engines chain them in other orders: llama.cpp applies the temperature after
 its filters, so the same settings can give a different distribution there); the kept tokens and their probabilities are the same as transformers', ties and float32
 rounding included. `next_token_probs` gives the filtered distribution (for plots and the stepper
-widget); `sample_next` draws from it with a seeded `torch.Generator`, so a seed makes a run reproducible.
+widget); `sample_next(logits, params, generator)`, the one sampler every loop calls, applies a `SamplingParams`'
+penalties, filters and draws with a seeded `torch.Generator`, so a seed makes a run reproducible.
 Both take logits `[vocab]` or `[batch, vocab]`, and refuse logits holding NaN or +inf, or a row where
 every logit is -inf (single -inf entries are fine: they are masked tokens).
 """
@@ -21,40 +22,85 @@ every logit is -inf (single -inf entries are fine: they are masked tokens).
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import CourseError
+from .penalties import Penalties, check_penalties
 
 
 @dataclass(frozen=True)
-class SamplingSettings:
-    """How to choose the next token. temperature 0 = greedy; top_k None = no top-k; top_p 1.0 = no top-p;
-    min_p 0.0 = no min-p."""
+class SamplingParams:
+    """How one generation picks its tokens and when it stops: vLLM's SamplingParams, with its names.
+
+    temperature 0 = greedy; top_k None = no top-k; top_p 1.0 = no top-p; min_p 0.0 = no min-p;
+    repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 = no penalty (penalties.py);
+    seed: the generator's seed; top_logprobs: record each token's logprob and this many alternatives (None: none);
+    max_tokens: at most this many new tokens; stop_token_ids: stop after any of these ids (stops.finish_reason);
+    stop: stop strings, cut from the text (stops.StopMatcher). Lists given for the last two become tuples.
+    """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+    top_logprobs: int | None = None
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_settings(self.temperature, self.top_k, self.top_p, self.min_p)
+        check_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise CourseError(f"seed must be a whole number, not {self.seed!r}.")
+        top = self.top_logprobs
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise CourseError(f"top_logprobs must be None or a whole number >= 0, not {top!r}.")
+        n = self.max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CourseError(f"max_tokens must be a whole number, at least 1, not {n!r}.")
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(
+                isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise CourseError(f"stop_token_ids must be a list of token ids (whole numbers >= 0), not {ids!r}.")
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise CourseError(f"stop must be a list of non-empty strings, not {self.stop!r}.")
+        object.__setattr__(self, "stop", tuple(stop))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalties(self) -> Penalties | None:
+        """The three penalties as a Penalties, or None when all are off (nothing to apply)."""
+        penalties = Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        return penalties if penalties.active else None
+
     def describe(self) -> str:
+        """The choice in words: "greedy", or the temperature and each filter on; then the penalties that are on."""
         if self.greedy:
-            return "greedy"
-        parts = [f"temperature {self.temperature:g}"]
-        if self.top_k is not None:
-            parts.append(f"top-k {self.top_k}")
-        if self.top_p < 1.0:
-            parts.append(f"top-p {self.top_p:g}")
-        if self.min_p > 0.0:
-            parts.append(f"min-p {self.min_p:g}")
+            parts = ["greedy"]
+        else:
+            parts = [f"temperature {self.temperature:g}"]
+            if self.top_k is not None:
+                parts.append(f"top-k {self.top_k}")
+            if self.top_p < 1.0:
+                parts.append(f"top-p {self.top_p:g}")
+            if self.min_p > 0.0:
+                parts.append(f"min-p {self.min_p:g}")
+        if self.penalties is not None:
+            parts.append(self.penalties.describe())
         return ", ".join(parts)
 
 
@@ -188,18 +234,40 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     return torch.softmax(scores, dim=-1)
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
-                generator: torch.Generator | None = None, min_p: float = 0.0) -> torch.Tensor:
-    """Draw the next token id(s): a 0-d tensor for `[vocab]`, `[batch]` for `[batch, vocab]`.
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None, *,
+                prompt: Sequence[int] | None = None, output: Sequence[int] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The course's one sampler: the next token id(s) by `params`, and the distribution they came from.
 
-    Greedy (temperature 0) draws nothing from `generator`; otherwise one draw per row. Bad settings or
-    logits (NaN, +inf, all -inf) raise a CourseError before anything is drawn.
+    logits `[vocab]` (ids: a 0-d tensor) or `[batch, vocab]` (ids: `[batch]`). First the penalties, when params has
+    any, on the ids already seen (vLLM's counting: `prompt` and `output` for repetition, `output` for presence and
+    frequency; one row of logits); then the filter chain (next_token_probs); then the draw: greedy (temperature 0)
+    takes the highest and draws nothing from `generator`, otherwise one draw per row. Bad logits (NaN, +inf, all
+    -inf) raise a CourseError before anything is drawn.
     """
-    if temperature == 0:
-        check_settings(temperature, top_k, top_p, min_p)
-        _check_logits(logits)
-        return logits.argmax(dim=-1)
-    return draw(next_token_probs(logits, temperature, top_k, top_p, min_p), generator)
+    if not isinstance(params, SamplingParams):
+        raise CourseError(f"params must be a SamplingParams(temperature=..., top_k=...), not {params!r}.")
+    penalties = params.penalties
+    if penalties is not None:
+        if prompt is None and output is None:
+            raise CourseError(f"The params have penalties ({penalties.describe()}): pass the prompt and output ids "
+                              "they count.")
+        if logits.dim() != 1:
+            raise CourseError(f"Penalties count the ids of one sequence: give one row of logits [vocab], not "
+                              f"{tuple(logits.shape)}.")
+        logits = penalties.apply(logits, prompt or [], output or [])
+    if params.greedy:  # the highest logit, and all the probability on it (next_token_probs' one-hot), made cheaply:
+        if not isinstance(logits, torch.Tensor) or logits.dim() not in (1, 2):
+            _check_logits(logits)  # refuses it in its words
+        ids = logits.argmax(dim=-1)
+        chosen = ids.unsqueeze(-1)
+        # argmax lands on a NaN or +inf when there is one, and on -inf only when the whole row is: checking the chosen
+        # logits refuses what _check_logits refuses, without a pass over the vocabulary
+        if not bool(torch.isfinite(logits.gather(-1, chosen)).all()):
+            _check_finite(logits)
+        return ids, torch.zeros(logits.shape, device=logits.device).scatter_(-1, chosen, 1.0)
+    probs = next_token_probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)  # checks logits
+    return draw(probs, generator), probs
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -209,15 +277,6 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     return ids if probs.dim() == 2 else ids[0]
 
 
-def sample_with(logits: torch.Tensor, settings: SamplingSettings,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample_next with a SamplingSettings: the drawn id(s) and the distribution they came from (computed once)."""
-    probs = next_token_probs(logits, settings.temperature, settings.top_k, settings.top_p,  # checks the logits
-                             settings.min_p)
-    ids = logits.argmax(dim=-1) if settings.temperature == 0 else draw(probs, generator)
-    return ids, probs
-
-
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch.Generator seeded with `seed`: the same seed gives the same draws."""
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -225,6 +284,9 @@ def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gen
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+GREEDY = SamplingParams(temperature=0.0)  # notebook 08's requests, speculative decoding's default
 
 
 def token_logprobs(logits: torch.Tensor, chosen: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:

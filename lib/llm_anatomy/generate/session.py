@@ -1,6 +1,6 @@
 """The decoding loop, one token at a time, on the from-scratch model and its KV cache (claim C8).
 
-    session = GenerationSession(model, tokenizer, max_new_tokens=40)
+    session = GenerationSession(model, tokenizer, SamplingParams(max_tokens=40))
     first = session.prefill("What is the capital of France?")   # the whole prompt in one pass
     nxt = session.step()                                          # feeds only the newest token
 
@@ -8,8 +8,9 @@
 position's logits. Each `step` feeds only the newest token (its K and V are appended to the cache)
 and chooses the next one. The newest token is chosen but not fed yet, so its logits are kept:
 `resample(temperature=..., top_k=..., top_p=..., min_p=..., penalties=...)` draws the current token again from
-the same logits, without running the model. Penalties (penalties.Penalties) act on the logits before the filters.
-Generation stops at the end-of-turn token or the length limit.
+the same logits, without running the model. Penalties (penalties.py) act on the logits before the filters.
+Everything about the choice and the stop is the session's one `SamplingParams` (sampling.py); generation stops by
+stops.finish_reason: at one of params.stop_token_ids (by default the tokenizer's end-of-turn ids) or the length limit.
 
 Every call returns a `StepResult` (steps.py) with what a view needs (token, candidates, cache size, time).
 A refused call (CourseError) leaves the session exactly as it was.
@@ -27,8 +28,9 @@ from .decode import decode_step, prefill
 from .penalties import Penalties
 from ..device import timed
 from ..errors import CourseError
-from .sampling import SamplingSettings, sample_with, seeded_generator
+from .sampling import SamplingParams, sample_next, seeded_generator
 from .steps import StepResult, top_candidates
+from .stops import finish_reason
 from ..model.scratch import ScratchLlama
 
 _KEEP = object()  # "leave this setting as it is" in resample()
@@ -40,29 +42,26 @@ class GenerationSession:
 
     model: a ScratchLlama (llm_anatomy.model.scratch); tokenizer: its transformers tokenizer.
     The session calls the course's one decoding loop, `decode.prefill` and `decode.decode_step`.
-    max_new_tokens: stop after this many new tokens (also capped by the model's context).
-    settings: how tokens are chosen (temperature 0 = greedy); penalties: on tokens already seen (off by default);
-    seed: for the sampling generator.
+    params: how tokens are chosen and when to stop (a SamplingParams: temperature 0 = greedy; the penalties act on
+    the tokens already seen; seed: for the sampling generator; max_tokens: new tokens at most, also capped by the
+    model's context; stop_token_ids: none given means the tokenizer's end-of-turn ids; stop strings are refused;
+    top_logprobs is not read: each StepResult lists its top_n candidates with their probabilities).
     attention: (layer, head) to record the newest token's attention row at every call, or None.
     top_n: how many candidates each StepResult lists.
     """
 
     model: ScratchLlama = field(repr=False)
     tokenizer: object = field(repr=False)
-    max_new_tokens: int = 64
-    settings: SamplingSettings = field(default_factory=SamplingSettings)
-    seed: int = 0
+    params: SamplingParams = field(default_factory=SamplingParams)
     attention: tuple[int, int] | None = None
     top_n: int = 10
-    stop_ids: tuple[int, ...] = ()
-    penalties: Penalties = field(default_factory=Penalties)
 
     def __post_init__(self):
         if not isinstance(self.model, ScratchLlama):
             raise CourseError("GenerationSession runs the from-scratch model: pass ScratchLlama.from_hf(load_model()).")
-        self._new_options(None, None, None, _KEEP, None)  # validates the options given
-        self.generator = seeded_generator(self.seed)
-        self.stop_ids = tuple(self.stop_ids) or end_of_turn_ids(self.tokenizer)
+        options = self._new_options(None, _KEEP)  # validates the options given
+        self.params = options["params"]
+        self.generator = seeded_generator(self.params.seed)
         self.cache = None
         self.prompt_ids: list[int] = []
         self.generated: list[int] = []
@@ -98,11 +97,11 @@ class GenerationSession:
         return [self.tokenizer.decode([i]) for i in ids]
 
     def reset(self) -> None:
-        """Forget the prompt and everything generated (the settings and seed stay)."""
+        """Forget the prompt and everything generated (the params stay)."""
         self.cache = None
         self.prompt_ids, self.generated, self.steps = [], [], []
         self.prefill_ms, self._logits, self._limit = None, None, 0
-        self.generator = seeded_generator(self.seed)
+        self.generator = seeded_generator(self.params.seed)
 
     # ---- the prompt ----------------------------------------------------------------------------
     def prompt_token_ids(self, prompt: str, chat: bool = True) -> list[int]:
@@ -119,17 +118,16 @@ class GenerationSession:
             raise CourseError(f"The prompt is {len(ids)} tokens, and the model reads at most {self.context_length}: "
                               "shorten it to leave room for an answer.")
 
-    def prefill(self, prompt: str | list[int], chat: bool = True, *, max_new_tokens: int | None = None,
-                settings: SamplingSettings | None = None, seed: int | None = None, attention=_KEEP,
-                penalties: Penalties | None = None) -> StepResult:
+    def prefill(self, prompt: str | list[int], chat: bool = True, *, params: SamplingParams | None = None,
+                attention=_KEEP) -> StepResult:
         """Run the whole prompt through the model once, fill the KV cache, and choose the first new token.
 
         `prompt` is text (wrapped in the chat template when chat=True) or a list of token ids.
-        max_new_tokens, settings, seed, attention, penalties: new options for this run; like the prompt, they take effect
-        only if the prefill succeeds (a refused call leaves the session exactly as it was).
+        params, attention: new options for this run; like the prompt, they take effect only if the prefill succeeds
+        (a refused call leaves the session exactly as it was).
         Starts over if the session already ran. Returns the first token's StepResult (ms = prefill time).
         """
-        options = self._new_options(max_new_tokens, settings, seed, attention, penalties)  # validated first
+        options = self._new_options(params, attention)  # validated first
         if isinstance(prompt, (list, tuple)):
             ids = [int(i) for i in prompt]
             if not ids:
@@ -137,11 +135,11 @@ class GenerationSession:
             self._check_prompt_length(ids)
         else:
             ids = self.prompt_token_ids(prompt, chat)
-        limit = min(options["max_new_tokens"], self.context_length - len(ids))
+        limit = min(options["params"].max_tokens, self.context_length - len(ids))
         cache = self.model.new_cache(1, len(ids) + limit)
-        generator = seeded_generator(options["seed"])  # a fresh start: the same seed gives the same tokens
-        logits, first = self._call(ids, cache, index=0, limit=limit, generator=generator, settings=options["settings"],
-                                   attention=options["attention"], penalties=options["penalties"])
+        generator = seeded_generator(options["params"].seed)  # a fresh start: the same seed gives the same tokens
+        logits, first = self._call(ids, cache, index=0, limit=limit, generator=generator, params=options["params"],
+                                   attention=options["attention"])
         # all went well: commit the new state
         for name, value in options.items():
             setattr(self, name, value)
@@ -151,23 +149,20 @@ class GenerationSession:
         self.prefill_ms = first.ms
         return first
 
-    def _new_options(self, max_new_tokens, settings, seed, attention, penalties) -> dict:
-        """The session's options with the given ones changed, each validated (CourseError before any change)."""
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-            raise CourseError(f"max_new_tokens must be a whole number >= 1, not {max_new!r}.")
-        settings = self.settings if settings is None else settings
-        if not isinstance(settings, SamplingSettings):
-            raise CourseError("settings must be a SamplingSettings(temperature=..., top_k=..., top_p=...).")
-        seed = self.seed if seed is None else seed
-        seeded_generator(seed)  # validates
+    def _new_options(self, params, attention) -> dict:
+        """The session's options with the given ones changed, each validated (CourseError before any change).
+        Params without stop ids stop at the tokenizer's end-of-turn ids."""
+        params = self.params if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise CourseError(f"params must be a SamplingParams(temperature=..., max_tokens=...), not {params!r}.")
+        if params.stop:
+            raise CourseError(f"The session stops on token ids (stop_token_ids), not on stop strings like "
+                              f"{params.stop[0]!r}: a server's StopMatcher cuts those from the text.")
+        if not params.stop_token_ids:
+            params = dataclasses.replace(params, stop_token_ids=end_of_turn_ids(self.tokenizer))
         attention = self.attention if attention is _KEEP else attention
         self.check_attention(attention)
-        penalties = self.penalties if penalties is None else penalties
-        if not isinstance(penalties, Penalties):
-            raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...).")
-        return {"max_new_tokens": max_new, "settings": settings, "seed": seed, "attention": attention,
-                "penalties": penalties}
+        return {"params": params, "attention": attention}
 
     # ---- decoding --------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -182,37 +177,38 @@ class GenerationSession:
 
         Settings not given stay as they are; the new ones stay for the following steps.
         """
-        settings = self._updated_settings(temperature, top_k, top_p, min_p)  # validates: CourseError before any change
-        penalties = self._new_options(None, settings, None, _KEEP, None if penalties is _KEEP else penalties)["penalties"]
+        params = self._updated_params(temperature, top_k, top_p, min_p, penalties)  # CourseError before any change
         if not self.prefilled:
-            self.settings, self.penalties = settings, penalties
+            self.params = params
             return None
         previous = self.steps[-1]
         result = self._choose(self._logits, index=previous.index, fed=previous.fed_tokens, cache=self.cache,
-                              limit=self._limit, attention=previous.attention, settings=settings,
-                              prompt=self.prompt_ids, penalties=penalties)
+                              limit=self._limit, attention=previous.attention, params=params, prompt=self.prompt_ids)
         result = dataclasses.replace(result, ms=previous.ms, resampled=True)
-        self.settings, self.penalties = settings, penalties
+        self.params = params
         self.generated[-1] = result.token_id
         self.steps[-1] = result
         return result
 
     def set_settings(self, temperature=_KEEP, top_k=_KEEP, top_p=_KEEP, min_p=_KEEP, *, penalties=_KEEP) -> None:
-        """Change the settings for the next steps without touching the current token."""
-        settings = self._updated_settings(temperature, top_k, top_p, min_p)
-        penalties = self._new_options(None, settings, None, _KEEP, None if penalties is _KEEP else penalties)["penalties"]
-        self.settings, self.penalties = settings, penalties
+        """Change the sampling params for the next steps without touching the current token."""
+        self.params = self._updated_params(temperature, top_k, top_p, min_p, penalties)
 
-    def _updated_settings(self, temperature, top_k, top_p, min_p) -> SamplingSettings:
-        """The current settings with the given ones changed (_KEEP leaves one as it is); validated."""
+    def _updated_params(self, temperature, top_k, top_p, min_p, penalties) -> SamplingParams:
+        """The current params with the given fields changed (_KEEP leaves one as it is; penalties: a Penalties for
+        the three penalty fields); validated."""
         changes = {name: value for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                                                    ("min_p", min_p)) if value is not _KEEP}
-        return dataclasses.replace(self.settings, **changes)
+        if penalties is not _KEEP:
+            if not isinstance(penalties, Penalties):
+                raise CourseError("penalties must be a Penalties(repetition=..., presence=..., frequency=...).")
+            changes.update(repetition_penalty=penalties.repetition, presence_penalty=penalties.presence,
+                           frequency_penalty=penalties.frequency)
+        return dataclasses.replace(self.params, **changes)
 
     def set_seed(self, seed: int) -> None:
         """Use `seed` from the next prefill on (the current run keeps its draws)."""
-        seeded_generator(seed)  # validates
-        self.seed = seed
+        self.params = dataclasses.replace(self.params, seed=seed)  # validates
 
     def set_attention(self, attention: tuple[int, int] | None) -> None:
         """Record the attention row of (layer, head) from the next model call on, or None to stop."""
@@ -244,8 +240,8 @@ class GenerationSession:
             self.model.cfg.check_layer_head(*attention, what="attention's ")
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _call(self, ids: list[int], cache, *, index: int, limit: int, generator=None, settings=None,
-              attention=_KEEP, penalties=None) -> tuple[torch.Tensor, StepResult]:
+    def _call(self, ids: list[int], cache, *, index: int, limit: int, generator=None, params=None,
+              attention=_KEEP) -> tuple[torch.Tensor, StepResult]:
         """One model call (prefill for the prompt, decode_step for one token) and the choice of the next token.
 
         Returns the logits `[vocab]` (CPU float32) of the last position and the StepResult, whose ms is the wall
@@ -261,26 +257,28 @@ class GenerationSession:
             row = out.attentions[attention[0]][0, attention[1], -1].float().cpu() if attention else None  # [positions]
             logits = out.logits[0, -1].float().cpu()
             return logits, self._choose(logits, index=index, fed=len(ids), cache=cache, limit=limit, attention=row,
-                                        settings=settings, generator=generator, penalties=penalties,
+                                        params=params, generator=generator,
                                         prompt=ids if index == 0 else self.prompt_ids)
 
         seconds, (logits, result) = timed(work, self.model.device)
         return logits, dataclasses.replace(result, ms=seconds * 1e3)
 
-    def _choose(self, logits, *, index, fed, cache, limit, attention, prompt, settings=None, generator=None,
-                penalties=None) -> StepResult:
-        """The token chosen from the raw logits [vocab]: penalties on the prompt and the tokens before `index`,
-        then the sampling settings."""
-        settings, penalties = settings or self.settings, penalties or self.penalties
-        scores = penalties.apply(logits, prompt, self.generated[:index] if index else [])
-        token, probs = sample_with(scores, settings, generator or self.generator)
+    def _choose(self, logits, *, index, fed, cache, limit, attention, prompt, params=None,
+                generator=None) -> StepResult:
+        """The token chosen from the raw logits [vocab] by sampling.sample_next (penalties on the prompt and the
+        tokens before `index`, then the filters and the draw), and whether to stop (stops.finish_reason, the length
+        capped at `limit`; its "stop" is shown as "eos")."""
+        params = params or self.params
+        output = self.generated[:index]
+        token, probs = sample_next(logits, params, generator or self.generator, prompt=prompt, output=output)
         token = int(token)
         candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts)
-        reason = "eos" if token in self.stop_ids else "length" if index + 1 >= limit else None  # None: go on
+        reason = finish_reason(dataclasses.replace(params, max_tokens=limit), output + [token])  # None: go on
+        reason = "eos" if reason == "stop" else reason
         return StepResult(index=index, token_id=token, text=self.tokenizer.decode([token]), prob=float(probs[token]),
                           candidates=candidates, fed_tokens=fed, cache_tokens=cache.length,
                           cache_bytes=cache.used_bytes(), cache_capacity_tokens=cache.max_len,
-                          cache_capacity_bytes=cache.allocated_bytes(), ms=0.0, settings=settings,
+                          cache_capacity_bytes=cache.allocated_bytes(), ms=0.0, params=params,
                           finished=reason is not None, stop_reason=reason, attention=attention)
 
     def _commit(self, result: StepResult, logits: torch.Tensor) -> None:
@@ -293,8 +291,9 @@ def generate(model, tokenizer, prompt: str | list[int], max_new_tokens: int = 64
              temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
              min_p: float = 0.0, penalties: Penalties | None = None) -> str:
     """The generated text for `prompt` (greedy by default), special tokens removed."""
-    session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens, seed=seed,
-                                settings=SamplingSettings(temperature, top_k, top_p, min_p),
-                                penalties=penalties or Penalties())
+    penalties = penalties or Penalties()
+    params = SamplingParams(temperature, top_k, top_p, min_p, penalties.repetition, penalties.presence,
+                            penalties.frequency, seed=seed, max_tokens=max_new_tokens)
+    session = GenerationSession(model, tokenizer, params)
     session.generate(prompt, chat)
     return tokenizer.decode(session.generated, skip_special_tokens=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingSettings
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ class StepResult:
     cache_capacity_tokens: int
     cache_capacity_bytes: int
     ms: float
-    settings: SamplingSettings
+    params: SamplingParams  # how this token was chosen (the session's params at the time)
     finished: bool = False
-    stop_reason: str | None = None  # "eos" or "length" once finished
+    stop_reason: str | None = None  # "eos" (stops.finish_reason's "stop": a stop token) or "length" once finished
     attention: torch.Tensor | None = None
     resampled: bool = False
 

@@ -1,4 +1,9 @@
-"""Text as a user sees it while tokens stream: stop strings that span tokens, and text that never shows half a character.
+"""When to stop, and text as a user sees it while tokens stream: stop strings that span tokens, and text that never
+shows half a character.
+
+`finish_reason(params, output)` is the one stop rule on token ids that every loop asks (GenerationSession, a served
+Request, the server): "stop" after one of params.stop_token_ids, "length" at params.max_tokens, None to go on.
+Stop strings need text, so they stay with `StopMatcher` (built from params.stop).
 
 A model emits token ids; a user reads text. Two things break when ids are turned into text one at a time:
 - a stop string (`"\\n\\nUser:"`) can arrive split across several tokens, so no single token's text contains it;
@@ -10,11 +15,22 @@ A model emits token ids; a user reads text. Two things break when ids are turned
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import CourseError
 
 REPLACEMENT = "\ufffd"  # what a decoder prints for bytes that are not (yet) a whole UTF-8 character
+
+
+def finish_reason(params, output: Sequence[int]) -> str | None:
+    """Why a generation with `params` (a sampling.SamplingParams) that wrote `output` is finished: "stop" when its
+    last token is one of params.stop_token_ids, "length" when it has params.max_tokens tokens, None while it goes on
+    (vLLM's words; a stop token that is also the last allowed one is a "stop")."""
+    if output and output[-1] in params.stop_token_ids:
+        return "stop"
+    if len(output) >= params.max_tokens:
+        return "length"
+    return None
 
 
 class StopMatcher:

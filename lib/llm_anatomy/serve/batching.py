@@ -5,7 +5,8 @@ it arrived, and, once served, its output and the time each token came out (TTFT,
 follow from those, as measure/timing.py defines them).
 
 Static (request-level) batching serves a batch the way `generate` does: take up to `max_batch` waiting requests,
-left-pad their prompts into one rectangle, prefill it, then decode until the longest is done. One decode step reads
+left-pad their prompts into one rectangle, prefill it, then decode until the longest is done; each row's token is
+chosen by its request's own params (sampler.py), as the continuous scheduler chooses it. One decode step reads
 the weights once for every row, which is why batching pays (C13). But a request that is done early keeps its row,
 computing for nobody, and one that arrives meanwhile waits for the whole batch: continuous batching
 (scheduler.py) fixes both (C15).
@@ -18,6 +19,7 @@ schedule that does not depend on how busy the machine is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections import deque
@@ -29,8 +31,10 @@ import torch
 from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, extend_mask, left_pad, padding_mask, prefill
+from ..generate.sampling import GREEDY, SamplingParams
+from ..generate.stops import finish_reason
 from ..measure.timing import end_to_end_s, inter_token_gaps_s, mean_token_gap_s, time_to_first_token_s
-from .sampler import SamplingParams
+from .sampler import sample
 
 
 @dataclass(eq=False)
@@ -39,12 +43,16 @@ class Request:
 
     The scheduler's own state while it serves a request (its slot, its block table, the positions computed) lives in
     the scheduler's record of it (scheduler.Admission), not here: a request is what a user sees of it.
+
+    `params` (generate/sampling.SamplingParams) is the one truth of how its tokens are picked and when it stops:
+    max_new_tokens, when given, becomes params.max_tokens, and eos_token_id, when given, joins params.stop_token_ids;
+    the properties `max_new_tokens` and `eos_token_id` read them back.
     """
 
     prompt: list[int]
-    max_new_tokens: int
+    max_new_tokens: dataclasses.InitVar[int | None] = None  # None: params.max_tokens
     arrival_s: float = 0.0
-    eos_token_id: int | None = None  # stop early on this token (None: always max_new_tokens)
+    eos_token_id: dataclasses.InitVar[int | None] = None  # stop early on this token too
     id: int = -1  # set when submitted
     output: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # when each output token came out
@@ -54,14 +62,14 @@ class Request:
     preempted: int = 0  # times its blocks were taken back (it is then recomputed, keeping its output)
     cached: int = 0  # prompt positions its last admission found in the prefix cache (no prefill for them)
     spans: list = field(default_factory=list, repr=False)  # (slot, start, end): each stay in a row of the batch
-    # how its tokens are picked (notebook 11; the default is notebook 08's greedy request): sampler.py
-    params: SamplingParams = SamplingParams()
+    # how its tokens are picked and when it stops (notebook 11; the default is notebook 08's greedy request)
+    params: SamplingParams = GREEDY
     generator: torch.Generator | None = field(default=None, repr=False)  # made from params.seed at its first draw
     logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
     cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
     error: str | None = None  # why it ended with an error (a step that ran it failed: ContinuousScheduler.fail)
 
-    def __post_init__(self):
+    def __post_init__(self, max_new_tokens, eos_token_id):
         if isinstance(self.prompt, torch.Tensor):
             self.prompt = self.prompt.flatten().tolist()
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
@@ -69,34 +77,42 @@ class Request:
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.prompt):
             raise CourseError("A prompt is a list of token ids, whole numbers >= 0.")
         self.prompt = [int(t) for t in self.prompt]
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        n = max_new_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise CourseError(f"max_new_tokens must be a whole number, at least 1, not {n!r}.")
+        eos = eos_token_id
+        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, numbers.Integral) or eos < 0):
+            raise CourseError(f"eos_token_id must be a token id (a whole number >= 0) or None, not {eos!r}.")
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
             raise CourseError(f"arrival_s must be a time in seconds, 0 or more, not {self.arrival_s!r}.")
         if not isinstance(self.params, SamplingParams):
-            raise CourseError(f"params must be a SamplingParams(settings=..., seed=...), not {self.params!r}.")
+            raise CourseError(f"params must be a SamplingParams(temperature=..., seed=...), not {self.params!r}.")
+        changes = {}
+        if n is not None:
+            changes["max_tokens"] = n
+        if eos is not None and int(eos) not in self.params.stop_token_ids:
+            changes["stop_token_ids"] = self.params.stop_token_ids + (int(eos),)
+        if changes:
+            self.params = dataclasses.replace(self.params, **changes)
+        self._eos = None if eos is None else int(eos)
 
     def fresh(self) -> "Request":
-        """A copy with nothing recorded yet, to serve the same request again."""
-        return Request(list(self.prompt), self.max_new_tokens, self.arrival_s, self.eos_token_id, self.id,
-                       params=self.params)
+        """A copy with nothing recorded yet (the same params), to serve the same request again."""
+        return Request(list(self.prompt), None, self.arrival_s, self._eos, self.id, params=self.params)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
 
     @property
-    def done(self) -> bool:
-        eos = self.eos_token_id is not None and bool(self.output) and self.output[-1] == self.eos_token_id
-        return len(self.output) >= self.max_new_tokens or eos
+    def finish_reason(self) -> str | None:
+        """Why it is finished, by generate/stops.finish_reason on its params: "stop" (a stop token), "length"
+        (max_tokens reached), or None. A cancelled request's reason is the scheduler's business."""
+        return finish_reason(self.params, self.output)
 
     @property
-    def finish_reason(self) -> str | None:
-        """Why it is done: "stop" (its end token), "length" (max_new_tokens), or None while it goes on."""
-        if self.eos_token_id is not None and self.output and self.output[-1] == self.eos_token_id:
-            return "stop"
-        return "length" if len(self.output) >= self.max_new_tokens else None
+    def done(self) -> bool:
+        return self.finish_reason is not None
 
     @property
     def ttft_s(self) -> float:
@@ -117,6 +133,22 @@ class Request:
     def end_to_end_s(self) -> float:
         """From arrival to the last output token, seconds."""
         return end_to_end_s(self.arrival_s, self.token_times)
+
+
+def _max_new_tokens(request: Request) -> int:
+    """At most this many output tokens: params.max_tokens."""
+    return request.params.max_tokens
+
+
+def _set_max_new_tokens(request: Request, n: int) -> None:
+    request.params = dataclasses.replace(request.params, max_tokens=n)  # checked: CourseError if not a count
+
+
+# Readers keep `request.max_new_tokens` and `request.eos_token_id`, read from params. They are set here, after the
+# dataclass took the InitVars of the same names for its __init__ (a property in the class body would be their default).
+Request.max_new_tokens = property(_max_new_tokens, _set_max_new_tokens)
+Request.eos_token_id = property(lambda request: request._eos,
+                                doc="The end-of-sequence id it was given (one of params.stop_token_ids), or None.")
 
 
 class Call(NamedTuple):
@@ -212,10 +244,15 @@ def run_static(model, requests, max_batch: int = 8, cost=None, calls: list | Non
                 out = engine.call("decode", len(batch), len(batch),
                                   lambda: decode_step(model, nxt, cache, attention_mask=mask),
                                   context=len(batch) * (longest + step))
-            nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
-            for r, token in zip(batch, nxt[:, 0].tolist()):
-                if not r.done:  # a done row keeps computing: its slot is not given back until the batch ends
-                    engine.emit(r, token)
+            logits = out.logits[:, -1]  # [rows, vocab]
+            tokens = []
+            for i, r in enumerate(batch):
+                if r.done:  # a done row keeps computing (its slot is not given back until the batch ends): fed
+                    tokens.append(int(logits[i].argmax()))  # its argmax, as before; nobody reads what it makes
+                else:  # by the request's own params and generator (sampler.py), as the continuous scheduler does
+                    tokens.append(sample(r, logits[i]))
+                    engine.emit(r, tokens[-1])
+            nxt = torch.tensor(tokens, device=device)[:, None]  # [rows, 1]
             if all(r.done for r in batch):
                 break
         for slot, r in enumerate(batch):  # row i of the batch is slot i

@@ -31,9 +31,7 @@ from starlette.routing import Route
 
 from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
-from ..generate.penalties import Penalties
-from ..generate.sampling import SamplingSettings
-from ..serve.sampler import SamplingParams
+from ..generate.sampling import SamplingParams
 from . import schemas
 from .sizing import check_max_waiting
 from .schemas import APIError, ChatRequest, CompletionRequest
@@ -193,11 +191,13 @@ class Server:
         return max_tokens
 
     async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens, received: float):
-        max_tokens = self._limits(len(ids), max_tokens)
-        top_k = None if req.top_k in (None, 0, -1) else req.top_k
-        penalties = Penalties(presence=req.presence_penalty, frequency=req.frequency_penalty)  # checked: 400 if bad
-        params = SamplingParams(SamplingSettings(req.temperature, top_k, req.top_p, req.min_p),
-                                req.seed if req.seed is not None else random.getrandbits(63), penalties, top_logprobs)
+        # the one SamplingParams of this request (vLLM's names): how to choose, how many, where to stop; checked, and
+        # a CourseError is a 400. The engine adds the model's end-of-turn ids to its stop_token_ids.
+        params = SamplingParams(
+            req.temperature, None if req.top_k in (None, 0, -1) else req.top_k, req.top_p, req.min_p,
+            req.repetition_penalty, req.presence_penalty, req.frequency_penalty,
+            seed=req.seed if req.seed is not None else random.getrandbits(63), top_logprobs=top_logprobs,
+            max_tokens=self._limits(len(ids), max_tokens), stop=tuple(req.stops()))
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def put(event):  # from the engine thread
@@ -205,7 +205,7 @@ class Server:
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        live = self.engine.submit(ids, max_tokens, params, req.stops(), put, name=name, received_s=received)
+        live = self.engine.submit(ids, params, put, name=name, received_s=received)
         reply = schemas.Reply(name, int(time.time()), self.name, kind)
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",

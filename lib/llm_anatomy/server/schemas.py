@@ -71,6 +71,7 @@ class _Sampling(_Strict):
     top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     top_k: int | None = None  # not OpenAI's, but vLLM's and transformers': None, 0 or -1 = no top-k
     min_p: Probability = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # vLLM's, not OpenAI's; 1 is off
     presence_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] = 0.0  # generate/penalties.py
     frequency_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] = 0.0
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = None

@@ -50,7 +50,7 @@ def chart_html(result: StepResult) -> str:
                     f'<td style="{_MONO};padding-left:6px">{c.prob:6.1%}</td>'
                     f'<td style="color:#999;padding-left:6px">{c.raw_prob:6.1%}</td>'
                     f'<td style="color:#e65100;padding-left:6px">{mark}</td></tr>')
-    return (f'<div><b>Next-token candidates</b> (token {result.index + 1}, {result.settings.describe()})'
+    return (f'<div><b>Next-token candidates</b> (token {result.index + 1}, {result.params.describe()})'
             f'<table style="border-collapse:collapse;font-size:12px"><tr style="color:#666"><th>token</th>'
             f'<th>probability</th><th>p</th><th>p at T=1</th><th></th></tr>{"".join(rows)}</table></div>')
 

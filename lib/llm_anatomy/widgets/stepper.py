@@ -21,6 +21,7 @@ CSS classes (for browser tests): root `la-stepper`; parts `la-stepper-prompt`, `
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import ipywidgets as W
@@ -28,7 +29,7 @@ import ipywidgets as W
 from ..errors import CourseError
 from ..generate.penalties import Penalties
 from ..generate.session import GenerationSession
-from ..generate.sampling import SamplingSettings
+from ..generate.sampling import SamplingParams
 from ..model.scratch import as_scratch
 from ..views.stepper import attention_html, cache_html, chart_html, text_html, times_html
 from .base import CourseWidget, ErrorLine, guarded
@@ -46,9 +47,9 @@ class Stepper(CourseWidget, W.VBox):
         if model is None or tokenizer is None:
             raise CourseError("Give the loaded model: Stepper(load_model()).")
         penalties = penalties or Penalties()
-        self.session = GenerationSession(model, tokenizer, max_new_tokens=max_new_tokens, seed=seed,
-                                         settings=SamplingSettings(temperature, top_k, top_p, min_p),
-                                         penalties=penalties)
+        self.session = GenerationSession(model, tokenizer, SamplingParams(
+            temperature, top_k, top_p, min_p, penalties.repetition, penalties.presence, penalties.frequency,
+            seed=seed, max_tokens=max_new_tokens))
         self._lock = threading.Lock()  # one model call at a time (buttons and the Play thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,13 +120,22 @@ class Stepper(CourseWidget, W.VBox):
         self.add_class(self.root_class)
 
     # ---- reading the controls --------------------------------------------------------------
-    def _settings(self) -> SamplingSettings:
-        """The controls as SamplingSettings (top-k 0 means off); CourseError if a value is out of range."""
+    def _params(self) -> SamplingParams:
+        """All the controls as the session's SamplingParams (the stop ids stay the session's); CourseError if a value
+        is out of range."""
+        penalties = self._penalties()
+        return dataclasses.replace(
+            self.session.params, temperature=float(self.temperature.value), top_k=self._top_k(),
+            top_p=float(self.top_p.value), min_p=float(self.min_p.value), repetition_penalty=penalties.repetition,
+            presence_penalty=penalties.presence, frequency_penalty=penalties.frequency, seed=self.seed.value,
+            max_tokens=self._max_new())
+
+    def _top_k(self) -> int | None:
+        """The top-k control (0 means off: None)."""
         top_k = self.top_k.value
         if top_k < 0:
             raise CourseError(f"top-k must be 0 (off) or a whole number >= 1, not {top_k}.")
-        return SamplingSettings(float(self.temperature.value), top_k or None, float(self.top_p.value),
-                                float(self.min_p.value))
+        return top_k or None
 
     def _penalties(self) -> Penalties:
         """The penalty controls as Penalties; CourseError if one is out of range."""
@@ -149,11 +159,9 @@ class Stepper(CourseWidget, W.VBox):
     @guarded
     def on_prefill(self) -> None:
         self._refuse_while_playing()
-        settings, penalties, attention = self._settings(), self._penalties(), self._attention()
-        max_new = self._max_new()
+        params, attention = self._params(), self._attention()
         with self._lock:  # the session commits the new options only if the prefill succeeds
-            self.session.prefill(self.prompt.value, chat=self.chat.value, max_new_tokens=max_new, settings=settings,
-                                 seed=self.seed.value, attention=attention, penalties=penalties)
+            self.session.prefill(self.prompt.value, chat=self.chat.value, params=params, attention=attention)
         self._render()
 
     @guarded
@@ -210,10 +218,10 @@ class Stepper(CourseWidget, W.VBox):
     @guarded
     def on_sampling_change(self) -> None:
         """Draw the current token again from the logits already computed (no model call)."""
-        settings, penalties = self._settings(), self._penalties()
+        top_k, penalties = self._top_k(), self._penalties()
         with self._lock:  # before prefill: just stores them
-            self.session.resample(settings.temperature, settings.top_k, settings.top_p, settings.min_p,
-                                  penalties=penalties)
+            self.session.resample(float(self.temperature.value), top_k, float(self.top_p.value),
+                                  float(self.min_p.value), penalties=penalties)
         if self.session.prefilled:
             self._render()
 
