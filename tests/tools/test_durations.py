@@ -19,17 +19,23 @@ def test_node_ids_from_junit_names():
 def test_the_report_lists_the_slowest_and_the_slow_list_reads_back(tmp_path):
     junit = tmp_path / "junit.xml"
     junit.write_text('<testsuites><testsuite name="pytest">'
-                     '<testcase classname="tests.serve.test_scheduler" name="test_slow" time="4.5"/>'
                      '<testcase classname="tests.serve.test_scheduler" name="test_fast" time="0.2"/>'
+                     '<testcase classname="tests.serve.test_scheduler" name="test_slow" time="4.5"/>'
+                     '<testcase classname="tests.serve.test_metrics" name="test_first" time="6.0"/>'
+                     '<testcase classname="tests.serve.test_metrics" name="test_second" time="0.1"/>'
                      '<testcase classname="notebooks.08_serving.ipynb" name="Cell 3" time="9.0"/>'
                      '<testcase classname="tests.browser.test_site" name="test_book" time="12.0"/>'
                      '</testsuite></testsuites>')
     times = durations.test_times(junit)
-    assert times["tests/serve/test_scheduler.py::test_slow"] == 4.5 and len(times) == 4
+    assert times["tests/serve/test_scheduler.py::test_slow"] == 4.5 and len(times) == 6
     text = durations.render(times, "2 cores", top=3)
     assert text.index("tests/browser/test_site.py::test_book") < text.index("notebooks/08_serving.ipynb::Cell 3")
     assert "test_fast`" not in text.split(durations.SLOW_HEADING)[0]  # only the top 3
-    assert durations.slow_tests(text) == {"tests/serve/test_scheduler.py::test_slow"}  # notebooks and browser aside
+    # the slow test, and every test of a file whose first test was slow (its shared fixtures were charged to it);
+    # notebooks and browser tests aside
+    assert durations.slow_tests(text) == {"tests/serve/test_scheduler.py::test_slow",
+                                          "tests/serve/test_metrics.py::test_first",
+                                          "tests/serve/test_metrics.py::test_second"}
     assert durations.slow_tests("no list here") == set()
 
 
