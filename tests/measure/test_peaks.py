@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from llm_anatomy.errors import CourseError
 from llm_anatomy.measure.peaks import measure_bandwidth, measure_matmul_flops, measure_peaks, peaks_table, published_peaks
@@ -58,3 +59,15 @@ def test_peaks_measured_in_turns_with_a_run():
     assert "in turns" in peaks.how and peaks.dtype == "fp32"
     with pytest.raises(CourseError, match="other than"):
         measured_in_turns({"sum": lambda: None}, "cpu", nbytes=1 << 20, size=64)
+
+
+def test_matvec_over_reads_the_bytes_asked_for_in_one_product():
+    from llm_anatomy.measure.peaks import matvec_over
+
+    fn, nbytes = matvec_over(1_000_000, 576)
+    assert nbytes == 434 * 576 * 4 and abs(nbytes - 1_000_000) < 576 * 4  # whole rows, the nearest count
+    assert fn().shape == (1, 434)
+    fn, nbytes = matvec_over(100, 576, dtype=torch.bfloat16)  # at least one row
+    assert nbytes == 576 * 2 and fn().dtype == torch.bfloat16
+    with pytest.raises(CourseError, match="width"):
+        matvec_over(1_000, 0)

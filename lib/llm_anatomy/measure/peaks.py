@@ -94,6 +94,21 @@ def measure_bandwidth(device: torch.device | str = "cpu", nbytes: int | None = N
     return moved / timing.median_s
 
 
+def matvec_over(nbytes: float, width: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """A matrix-vector product that reads `nbytes` of weights: one [rows, width] matrix in `dtype` times one vector,
+    as a decode step multiplies each weight matrix by its one token's activations, but in a single kernel call.
+    Returns (fn, bytes its matrix holds). Timed in turns with a decode step (measured_in_turns), it is what reading
+    the step's bytes costs with this framework's own matrix-vector kernel, with none of the step's other ops: a
+    memory-bound step takes about as long, an overhead-bound one far longer (claim_memory_bound)."""
+    if width < 1 or nbytes <= 0:
+        raise CourseError(f"width must be at least 1 and nbytes positive, not {width} and {nbytes}.")
+    size = torch.tensor([], dtype=dtype).element_size()
+    rows = max(1, round(nbytes / size / width))
+    weight = torch.randn(rows, width, device=device).to(dtype)
+    vector = torch.randn(1, width, device=device).to(dtype)
+    return (lambda: torch.nn.functional.linear(vector, weight)), rows * width * size
+
+
 def published_peaks(device_name: str) -> tuple[float, float, str] | None:
     """(FLOP/s, bytes/s, dtype) from the data sheet of a known GPU whose name contains a pattern, else None."""
     for pattern, peaks in PUBLISHED_PEAKS.items():  # whole words only: "L4" must not match "L40S"
