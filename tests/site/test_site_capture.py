@@ -1,7 +1,8 @@
-"""tools/site/capture.py with a real nbval run on two tiny notebooks: what nbval executed is kept, once.
+"""tools/site/capture.py with a real nbval run on four tiny notebooks: what nbval executed is kept, once.
 
 One pytest run in a subprocess (a kernel starts per notebook): a notebook that passes keeps its outputs, a
-widget's repr and execution counts; a notebook that fails keeps the error, and the book's build names it.
+widget's repr and execution counts; a notebook that fails keeps the error, and the book's build names it. Two of them are a claim cell whose evidence
+holds and the same cell whose evidence fails (nbval must fail it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def run(tmp_path_factory):
     ])
     nbformat.write(good, str(notebooks / "01_good.ipynb"))
     nbformat.write(bad, str(notebooks / "02_bad.ipynb"))
+    for name, last in (("03_claim_holds.ipynb", "3]"), ("04_claim_broken.ipynb", "4]")):  # a claim cell's evidence
+        nbformat.write(new_notebook(cells=[new_code_cell(
+            "from llm_anatomy.claims import claim\n"
+            f"cached, uncached = [1, 2, 3], [1, 2, {last}\n"
+            "claim('C8', cached == uncached, f'identical: {cached == uncached}')")]), str(notebooks / name))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(notebooks), "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
          "-p", "tools.site.capture", f"--executed-to={executed}", "-q", f"--rootdir={tmp}", "-o", "addopts="],
@@ -52,8 +58,19 @@ def run(tmp_path_factory):
 def test_nbval_still_reports_as_before(run):
     _, _, proc = run
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "1 failed, 5 passed" in proc.stdout, proc.stdout[-3000:]
+    assert "2 failed, 6 passed" in proc.stdout, proc.stdout[-3000:]
     assert "02_bad.ipynb::Cell 1" in proc.stdout
+
+
+def test_a_broken_evidence_cell_fails_the_notebook_run(run):
+    """A claim cell whose evidence fails raises ClaimFailed, and nbval fails the notebook with the evidence shown; the
+    same cell with evidence that holds passes (this run is the one nbval run of the harness: no other test runs one)."""
+    _, executed, proc = run
+    assert "FAILED" in proc.stdout and "04_claim_broken.ipynb::Cell 0" in proc.stdout, proc.stdout[-3000:]
+    assert "ClaimFailed" in proc.stdout and "identical: False" in proc.stdout
+    assert "03_claim_holds.ipynb::Cell 0" not in proc.stdout.split("short test summary")[-1]
+    held = nbformat.read(str(executed / "03_claim_holds.ipynb"), as_version=4).cells[0]
+    assert "C8 holds: identical: True" in held.outputs[-1].data["text/plain"]
 
 
 def test_the_summary_says_what_each_notebook_took(run):
@@ -62,7 +79,8 @@ def test_the_summary_says_what_each_notebook_took(run):
     assert any("nbval seconds per notebook" in line for line in lines), proc.stdout[-3000:]
     took = {line.split()[-1]: float(line.split()[0]) for line in lines if line.strip().endswith(".ipynb")
             and line.split()[1:2] == ["s"]}
-    assert set(took) == {"01_good.ipynb", "02_bad.ipynb"}, proc.stdout[-3000:]
+    assert set(took) == {"01_good.ipynb", "02_bad.ipynb", "03_claim_holds.ipynb", "04_claim_broken.ipynb"}, \
+        proc.stdout[-3000:]
     recorded = nbformat.read(str(executed / "01_good.ipynb"), as_version=4).metadata[META_KEY]["seconds"]
     assert took["01_good.ipynb"] == recorded > 0
     assert any("all notebooks" in line for line in lines)
