@@ -6,6 +6,7 @@ import pytest
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.errors import CourseError
+from llm_anatomy.serve.batching import Request
 from llm_anatomy.serve.cost import StepCost
 from llm_anatomy.serve.load import (claim_short_requests_wait_less, engines, goodput_rate, load_sweep,
                                     service_rate, slo_attainment)
@@ -145,3 +146,19 @@ def test_c15_tells_the_same_story_on_an_idle_and_a_busy_machine(tiny, machine):
     rows = load_sweep(servers, capacity, 10, PROMPTS, OUTPUTS, fractions=(0.3, 0.7, 1.2), ttft_slo_s=12 * step,
                       tpot_slo_s=2 * step, short_tokens=3, seed=2, vocab_size=128, threads=1)
     assert "C15 holds" in str(claim_short_requests_wait_less(rows))
+
+
+def test_the_steady_state_rate_leaves_out_the_ramp_up_and_the_drain(servers):
+    """A burst's rate from time 0 counts the drain tail, where the batch runs part empty; cutting the first and last
+    10% of completions reads the steady rate, higher for a short burst, close for a long one."""
+    trace = poisson_trace(60, 1.0, PROMPTS, OUTPUTS, seed=2, vocab_size=128)
+    whole = service_rate(servers["continuous"], trace)
+    steady = service_rate(servers["continuous"], trace, trim=0.1)
+    served = sorted(r.token_times[-1] for r in servers["continuous"](
+        [Request(r.prompt, r.max_new_tokens, 0.0, r.eos_token_id) for r in trace]))
+    assert steady == pytest.approx((53 - 6) / (served[53] - served[6]))  # the 7th to the 54th completion of 60
+    assert steady > whole
+    assert service_rate(servers["continuous"], trace[:9], trim=0.1) == service_rate(servers["continuous"], trace[:9])
+    for bad in (-0.1, 0.5):
+        with pytest.raises(CourseError, match="trim"):
+            service_rate(servers["continuous"], trace, trim=bad)

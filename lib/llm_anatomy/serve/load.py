@@ -2,9 +2,11 @@
 
 A latency figure means nothing without the load it was taken at. Below capacity a server keeps up and a request
 waits only for its own work; past it the queue grows without bound and every latency with it, whatever the
-scheduler. So we measure the service rate first (`service_rate`: every request of a trace waiting at time 0, how
-many requests per second the engine finishes), then send Poisson traces at fractions of it (`load_sweep`, 0.3x to
-1.2x) and read TTFT, TPOT, ITL and end-to-end latency at p50 and p99 against the rate, static against continuous.
+scheduler. So we measure the service rate first (`service_rate`: every request of a long trace waiting at time 0,
+how many requests per second the engine finishes at steady state, leaving out the ramp-up and the drain tail), then
+send Poisson traces of a few hundred requests at fractions of it (`load_sweep`, 0.3x to 2x in notebook 08) and read
+TTFT, TPOT, ITL and end-to-end latency at p50 and p99 against the rate, static against continuous. Goodput cannot
+exceed the capacity (`claim_goodput_within_capacity`): a sweep that says otherwise measured one or the other wrong.
 
 Goodput, as DistServe (Zhong et al., OSDI 2024) defines it: the highest request rate at which a target share of
 requests (90% here) meet both latency objectives (TTFT and TPOT); `goodput_rate` reads it off a sweep, to the
@@ -25,8 +27,9 @@ from .block_manager import pool_blocks
 from .paged_kv import PagedKVPool
 from .scheduler import ContinuousScheduler
 
-SWEEP = (0.3, 0.5, 0.7, 0.9, 1.0, 1.2)  # arrival rate / service rate
+SWEEP = (0.3, 0.5, 0.7, 0.9, 1.0, 1.2)  # arrival rate / service rate (bench serving; notebook 08 goes to 2x)
 ATTAINMENT = 0.9  # DistServe's goal: 90% of requests meet both objectives
+TRIM = 0.1  # service_rate: the share of completions left out at each end of a burst (ramp-up, drain)
 
 
 def engines(model, max_batch: int, max_len: int, cost=None, max_batched_tokens: int | None = None,
@@ -42,14 +45,24 @@ def engines(model, max_batch: int, max_len: int, cost=None, max_batched_tokens: 
     return {"static": lambda requests: run_static(model, requests, max_batch, cost=cost), "continuous": continuous}
 
 
-def service_rate(serve, requests) -> float:
-    """Requests per second `serve` finishes when every request of `requests` waits from time 0 (the engine's
-    capacity on this mix of lengths)."""
+def service_rate(serve, requests, trim: float = 0.0) -> float:
+    """Requests per second `serve` finishes when every request of `requests` waits from time 0 (the engine's capacity
+    on this mix of lengths). trim=0: all of them over the time to the last completion, which counts the ramp-up and
+    the drain tail, where the batch runs part empty. trim > 0: at steady state, the completions between the first and
+    the last `trim` of them over the time between those two (notebook 08 cuts 10% at each end of a burst of 240 and
+    prints both figures: a short burst reads well below the steady rate). A burst of fewer than 1 / trim requests
+    has nothing to cut, and reads as trim=0."""
     if not requests:
         raise CourseError("Give at least one request to measure a service rate with.")
+    if not 0 <= trim < 0.5:
+        raise CourseError(f"trim must be at least 0 and below 0.5 (a share cut from each end), not {trim}.")
     waiting = [Request(r.prompt, r.max_new_tokens, 0.0, r.eos_token_id) for r in requests]
-    served = serve(waiting)
-    return len(served) / max(r.token_times[-1] for r in served)
+    finished = sorted(r.token_times[-1] for r in serve(waiting))
+    first = int(len(finished) * trim)
+    if first == 0:
+        return len(finished) / finished[-1]
+    last = len(finished) - 1 - first
+    return (last - first) / (finished[last] - finished[first])
 
 
 def slo_attainment(requests, ttft_slo_s: float, tpot_slo_s: float) -> float:
