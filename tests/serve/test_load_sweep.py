@@ -162,3 +162,13 @@ def test_the_steady_state_rate_leaves_out_the_ramp_up_and_the_drain(servers):
     for bad in (-0.1, 0.5):
         with pytest.raises(CourseError, match="trim"):
             service_rate(servers["continuous"], trace, trim=bad)
+
+
+def test_goodput_above_capacity_is_refused_as_a_measurement_error():
+    from llm_anatomy.serve.load import goodput_within_capacity
+
+    # CI's run before steady state: capacity from a 12-request burst, goodput read off 48-request traces
+    with pytest.raises(CourseError, match="continuous met its objectives faster than it can serve"):
+        goodput_within_capacity({"static": 2.44, "continuous": 5.57}, {"static": 2.49, "continuous": 3.48})
+    said = goodput_within_capacity({"static": 1.20, "continuous": 2.40}, {"static": 1.67, "continuous": 2.40})
+    assert said == "goodput within capacity: static 1.20 of 1.67 req/s, continuous 2.40 of 2.40 req/s"

@@ -6,7 +6,7 @@ scheduler. So we measure the service rate first (`service_rate`: every request o
 how many requests per second the engine finishes at steady state, leaving out the ramp-up and the drain tail), then
 send Poisson traces of a few hundred requests at fractions of it (`load_sweep`, 0.3x to 2x in notebook 08) and read
 TTFT, TPOT, ITL and end-to-end latency at p50 and p99 against the rate, static against continuous. Goodput cannot
-exceed the capacity (`claim_goodput_within_capacity`): a sweep that says otherwise measured one or the other wrong.
+exceed the capacity (`goodput_within_capacity`): a sweep that says otherwise measured one or the other wrong.
 
 Goodput, as DistServe (Zhong et al., OSDI 2024) defines it: the highest request rate at which a target share of
 requests (90% here) meet both latency objectives (TTFT and TPOT); `goodput_rate` reads it off a sweep, to the
@@ -121,6 +121,19 @@ def goodput_rate(rows, server: str, attainment: float = ATTAINMENT) -> float:
             break
         best = row["rate_req_s"]
     return best
+
+
+def goodput_within_capacity(goodput: dict, capacity: dict) -> str:
+    """Each engine's goodput (req/s, goodput_rate) against its capacity (req/s, service_rate): no engine meets its
+    objectives, for long, at a rate it cannot serve, so a goodput above the capacity means one of the two was measured
+    wrong (a capacity read off a short burst's drain tail; a trace too short for a queue to build). Raises CourseError
+    then; else returns the sentence that says so."""
+    over = [name for name in goodput if goodput[name] > capacity[name]]
+    text = ", ".join(f"{name} {goodput[name]:.2f} of {capacity[name]:.2f} req/s" for name in goodput)
+    if over:
+        raise CourseError(f"Goodput above capacity ({text}): {', '.join(over)} met its objectives faster than it can "
+                          "serve, so the capacity or the sweep is measured wrong.")
+    return f"goodput within capacity: {text}"
 
 
 def claim_short_requests_wait_less(rows, up_to: float = 1.0, strictly_from: float = 0.7) -> Verdict:
