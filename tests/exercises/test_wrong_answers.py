@@ -685,3 +685,32 @@ def test_5_3_and_6_1_the_librarys_stop_rule_is_refused():
 
     not_yet(ch05.check_generate_until_stop(by_the_rule), "don't call", "finish_reason")
     not_yet(ch06.check_generate_with_cache(cached), "don't call", "finish_reason")
+
+
+def _keys_of(summary):
+    """8.3 answers that chain correctly but summarise each block by `summary(block)`, which forgets something."""
+    def keys_fn(tokens, block_size):
+        keys, parent = [], ""
+        for start in range(0, len(tokens) - block_size + 1, block_size):
+            parent = hashlib.sha256((parent + str(summary(tokens[start:start + block_size]))).encode()).hexdigest()
+            keys.append(parent)
+        return keys
+    return keys_fn
+
+
+def _cut_to_two_hex_digits(tokens, block_size):
+    keys, parent = [], ""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hashlib.sha256((parent + str(tokens[start:start + block_size])).encode()).hexdigest()[:2]
+        keys.append(parent)
+    return keys
+
+
+@pytest.mark.parametrize("summary, named", [(sorted, "order"), (lambda b: sorted(set(b)), "order"),
+                                           (sum, "order"), (lambda b: (b[0], b[-1]), "every token")])
+def test_8_3_keys_that_ignore_a_blocks_contents_or_their_order_are_refused(summary, named):
+    not_yet(ch08.check_block_keys(_keys_of(summary)), named)
+
+
+def test_8_3_keys_short_enough_to_collide_are_refused():
+    not_yet(ch08.check_block_keys(_cut_to_two_hex_digits), "collide", "another's K and V")

@@ -236,3 +236,15 @@ def test_c16_same_tokens_fails_when_the_cache_never_hits(tiny, monkeypatch):
     monkeypatch.setattr(pc, "block_keys", lambda tokens, size: [f"{k}-{next(fresh)}" for k in real_keys(tokens, size)])
     with pytest.raises(ClaimFailed, match="C16 FAILED.*0 found in the cache"):
         claim_same_tokens_less_prefill(*_served_both_ways(tiny, QUESTIONS))
+
+
+def test_a_salt_keeps_tenants_apart_and_no_salt_keeps_the_keys():
+    tokens = list(range(40))
+    plain = block_keys(tokens, 8)
+    assert block_keys(tokens, 8, salt="") == plain  # no salt: the keys as before
+    alice, bob = block_keys(tokens, 8, salt="tenant-a"), block_keys(tokens, 8, salt="tenant-b")
+    assert alice == block_keys(tokens, 8, salt="tenant-a")  # one tenant shares its own blocks
+    assert all(x != y for x, y in zip(alice, bob)) and all(x != y for x, y in zip(alice, plain))  # every block differs
+    assert all(len(k) == 64 for k in alice)  # the whole SHA-256 digest
+    with pytest.raises(CourseError, match="salt must be a string"):
+        block_keys(tokens, 8, salt=7)

@@ -252,6 +252,17 @@ def check_block_keys(keys_fn) -> str:
                "two prompts whose first two blocks are swapped (the same blocks in another order) got the same key "
                "from block 1 on: your chaining forgets the order (xor or + of the blocks' hashes does). Hash the "
                "previous key together with this block's tokens: hash(parent + block).")
+        inside = a[:block_size] + a[block_size:2 * block_size][::-1] + a[2 * block_size:]  # block 1's tokens reversed
+        if inside != a:
+            expect(all(x != y for x, y in zip(got[1:], _keys(keys_fn, inside, block_size)[1:])),
+                   "two prompts whose second block holds the same tokens in another order got the same key: a key "
+                   "must depend on the order of the tokens inside its block too (sorted, set or sum forget it), since "
+                   "the same tokens in another order have other K and V. Hash the block's tokens as a list, in order.")
+        if block_size >= 3:
+            poked = a[:block_size + 1] + [a[block_size + 1] + 1000] + a[block_size + 2:]  # a middle token of block 1
+            expect(all(x != y for x, y in zip(got[1:], _keys(keys_fn, poked, block_size)[1:])),
+                   "two prompts that differ in one middle token of their second block got the same key: a key must "
+                   "depend on every token of its block, not on a few of them (its first and last, say).")
         lib_a, lib_b = block_keys(a, block_size), block_keys(moved, block_size)
         expect([x == y for x, y in zip(got, other)] == [x == y for x, y in zip(lib_a, lib_b)],
                "your keys agree where the library's do not.")
@@ -260,4 +271,9 @@ def check_block_keys(keys_fn) -> str:
     expect(glued[0][0] != glued[1][0], "the blocks [1, 23] and [12, 3] got the same key: write the tokens so that the "
                                        "boundaries between them stay (str(list), ','.join(...) or their bytes), not "
                                        "glued together as '123'.")
+    many = _keys(keys_fn, [rng.randint(0, 49151) for _ in range(1200)], 2)  # 600 blocks, 600 different prefixes
+    expect(len(set(many)) == len(many),
+           f"600 different prefixes got only {len(set(many))} different keys: keys this short collide, and on a shared "
+           "server a collision hands one user another's K and V (vLLM made SHA-256 its default for prefix keys after "
+           "an advisory about predictable collisions). Keep the whole digest.")
     return "a key names the whole prefix up to its block, so a hit guarantees the same K and V."

@@ -26,11 +26,16 @@ from ..errors import CourseError
 from .paged_kv import BlockAllocator
 
 
-def block_keys(tokens, block_size: int) -> list[str]:
-    """One hex key per FULL block of `tokens` (a trailing partial block gets none), each chained to the one before."""
+def block_keys(tokens, block_size: int, salt: str = "") -> list[str]:
+    """One hex key per FULL block of `tokens` (a trailing partial block gets none), each chained to the one before:
+    SHA-256 of the parent key and the block's tokens, the whole digest. A `salt` (one per tenant, as vLLM's
+    per-request `cache_salt`) goes into the first block's hash, so only requests with the same salt share blocks:
+    another tenant can neither reuse them nor time its own hits to learn what was cached."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise CourseError(f"block_size must be a whole number of positions, at least 1, not {block_size!r}.")
-    keys, parent = [], b""
+    if not isinstance(salt, str):
+        raise CourseError(f"salt must be a string (a tenant's secret), not {type(salt).__name__}.")
+    keys, parent = [], (hashlib.sha256(b"salt:" + salt.encode()).digest() if salt else b"")
     for start in range(0, len(tokens) - block_size + 1, block_size):
         block = b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens[start:start + block_size])
         parent = hashlib.sha256(parent + block).digest()
