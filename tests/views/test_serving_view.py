@@ -138,3 +138,19 @@ def test_the_load_sweep_draws_four_latencies_p50_and_p99_per_engine_against_the_
     assert list(static_p99.get_ydata()) == pytest.approx([1e3 * 0.3 * 6, 1e3 * 0.7 * 6, 1e3 * 1.2 * 6])
     assert "2.50 req/s" in fig.axes[-1].get_xlabel() and first.get_ylabel() == "ms"
     matplotlib.pyplot.close(fig)
+
+
+def test_the_block_grids_legend_names_only_the_kinds_it_draws():
+    from llm_anatomy.views.serving import CACHED, FREE, SHARED, block_grid
+
+    history = [(0, {0: [0, 1]}), (1, {0: [0, 1], 1: [2]})]  # two requests, nothing shared, nothing cached
+    ax = plot_block_grid(history, 4)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["request 0", "request 1", "free"]
+    ax = plot_block_grid([(0, {0: [0], 1: [0]}, [1])], 3)  # block 0 held by two, block 1 kept by the prefix cache
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["shared", "prefix cache only", "free"]
+    assert {int(v) for v in block_grid([(0, {0: [0], 1: [0]}, [1])], 3).flat} == {SHARED, CACHED, FREE}
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

@@ -78,8 +78,9 @@ def plot_block_grid(history, num_blocks: int, ax=None, title: str | None = None)
            title=title or "Who holds each KV block, step by step")
     owners = sorted({int(v) for v in grid.flat if v >= 0})
     handles = [Patch(facecolor=colour_of(o), label=f"request {o}") for o in owners[:12]]
+    present = {int(v) for v in grid.flat}  # only the kinds the drawing shows get a legend entry
     handles += [Patch(facecolor=colour_of(k), edgecolor="grey", label=n)
-                for k, n in ((SHARED, "shared"), (CACHED, "prefix cache only"), (FREE, "free"))]
+                for k, n in ((SHARED, "shared"), (CACHED, "prefix cache only"), (FREE, "free")) if k in present]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax
 
