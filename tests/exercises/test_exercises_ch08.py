@@ -13,7 +13,8 @@ solutions = load_solutions("ch08")
 
 def test_solutions_pass():
     for verdict in (ch08.check_allocator(solutions.MyAllocator), ch08.check_admission(solutions.admit),
-                    ch08.check_block_keys(solutions.block_keys), ch08.check_slot_mapping(solutions.slot_mapping)):
+                    ch08.check_block_keys(solutions.block_keys), ch08.check_slot_mapping(solutions.slot_mapping),
+                    ch08.check_plan_iteration(solutions.plan_iteration)):
         assert verdict.passed, verdict
 
 
@@ -153,3 +154,58 @@ def test_the_engines_slots_are_where_the_view_writes_and_the_solution_agrees():
     assert {size for _, _, size, *_ in cases} == {2, 3, 4, 16} and any(max(n) > 1 for *_, n, _ in cases)
     for tables, positions, size, lengths, news, blocks in cases:
         assert engine_slots(tables, lengths, news, size, blocks) == solutions.slot_mapping(tables, positions, size)
+
+
+# --------------------------------------------------------------------------- 8.5 one scheduler iteration
+
+
+def _planner(*, prompts_first=False, decodes_free=False, oldest=False, keep_blocks=False, floor=False,
+             no_replan=False, whole_prompt=False, library=False):
+    """A learner's plan_iteration with one typical mistake (all off: right, written apart from the solution)."""
+    import math
+
+    def plan_iteration(rows, budget, free_blocks, block_size):
+        if library:
+            from llm_anatomy.serve.scheduler import RowState, plan_iteration as theirs
+
+            return theirs([RowState(*r) for r in rows], budget, free_blocks, block_size)
+        live, preempted, first = list(range(len(rows))), [], None
+        while True:
+            ready = [i for i in live if rows[i][1] == 1 and rows[i][0] > 0]
+            left = math.inf if budget is None else budget
+            decoders, chunks = ([] if prompts_first else ready), []
+            left -= 0 if (prompts_first or decodes_free) else len(ready)
+            for i in (i for i in live if i not in ready):
+                if left > 0:
+                    chunks.append((i, rows[i][1] if whole_prompt else min(rows[i][1], left)))
+                    left -= chunks[-1][1]
+            if prompts_first:
+                decoders = ready[:max(0, min(len(ready), left))] if left != math.inf else ready
+            if no_replan and first is not None:
+                decoders, chunks = [i for i in first[0] if i in live], [(i, n) for i, n in first[1] if i in live]
+            first = first or (decoders, chunks)
+            blocks = (lambda p: p // block_size) if floor else (lambda p: math.ceil(p / block_size))
+            need = sum(max(0, blocks(rows[i][0] + n) - rows[i][2]) for i, n in [(i, 1) for i in decoders] + chunks)
+            if need <= free_blocks or len(live) <= 1:
+                return decoders, chunks, preempted
+            victim = live.pop(0 if oldest else -1)
+            preempted.append(victim)
+            free_blocks += 0 if keep_blocks else rows[victim][2]
+    return plan_iteration
+
+
+def test_a_plan_written_apart_from_the_solution_passes():
+    assert ch08.check_plan_iteration(_planner()).passed
+
+
+def test_plan_mistakes_are_named():
+    not_yet(ch08.check_plan_iteration(_planner(prompts_first=True)), "decodes come first")
+    not_yet(ch08.check_plan_iteration(_planner(decodes_free=True)), "each decode takes one token of the budget")
+    not_yet(ch08.check_plan_iteration(_planner(whole_prompt=True)), "cut to what is left of the budget")
+    not_yet(ch08.check_plan_iteration(_planner(oldest=True)), "youngest")
+    not_yet(ch08.check_plan_iteration(_planner(keep_blocks=True)), "blocks are free again")
+    not_yet(ch08.check_plan_iteration(_planner(floor=True)), "ceil(p / block_size)")
+    not_yet(ch08.check_plan_iteration(_planner(no_replan=True)), "plan the rows again")
+    not_yet(ch08.check_plan_iteration(_planner(library=True)), "don't call", "plan_iteration")
+    not_yet(ch08.check_plan_iteration(lambda rows, budget, free, size: ([], [])), "three things")
+    not_yet(ch08.check_plan_iteration(unattempted), "not attempted")

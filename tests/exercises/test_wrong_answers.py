@@ -554,7 +554,7 @@ _CALLED = [  # (check, how to call it with the learner's answer)
     (ch07.check_decode_work, lambda check, a: check(a)), (ch07.check_step_bounds, lambda check, a: check(a)),
     (ch07.check_predict_step, lambda check, a: check(a)),
     (ch08.check_admission, lambda check, a: check(a)), (ch08.check_block_keys, lambda check, a: check(a)),
-    (ch08.check_slot_mapping, lambda check, a: check(a)),
+    (ch08.check_slot_mapping, lambda check, a: check(a)), (ch08.check_plan_iteration, lambda check, a: check(a)),
     (ch09.check_quantize_q4_1_block, lambda check, a: check(a)),
     (ch09.check_int8_per_channel, lambda check, a: check(a, a)),
     (ch09.check_greedy_verify, lambda check, a: check(a)),

@@ -287,3 +287,40 @@ def test_schedule_books_blocks_but_runs_no_model(tiny):
     assert step.admitted == [a, b] and step.preempted == [] and step.decoders == []
     assert [(x.request, n) for x, n in step.chunks] == [(a, 5), (b, 1)] and list(sched.calls) == []
     assert [len(x.blocks) for x in sched.running] == [2, 1] and sched.pool.allocator.num_free == 13
+
+
+def test_plan_iteration_decides_as_schedule_does_on_random_queues(tiny_model):
+    """The pure plan_iteration (exercise 8.5's reference) against the engine's own schedule(): at every iteration of
+    random traces through pools small enough to preempt, the same decoders, chunks and preempted requests."""
+    import random
+
+    from llm_anatomy.serve.metrics import poisson_trace
+    from llm_anatomy.serve.scheduler import RowState, plan_iteration
+
+    model = ScratchLlama.from_hf(tiny_model)
+    counts = {"compared": 0, "preempting": 0}
+
+    class Watched(ContinuousScheduler):
+        def _admit(self):
+            admitted = super()._admit()
+            self.seen = ([RowState(a.computed, a.pending, len(a.blocks)) for a in self.running],
+                         [a.request for a in self.running], self.pool.allocator.num_free)
+            return admitted
+
+        def schedule(self):
+            step = super().schedule()
+            rows, requests, free = self.seen
+            decoders, chunks, preempted = plan_iteration(rows, self.max_batched_tokens, free, self.pool.block_size)
+            assert [requests[i] for i in preempted] == step.preempted
+            assert [requests[i] for i in decoders] == [a.request for a in step.decoders]
+            assert [(requests[i], n) for i, n in chunks] == [(a.request, n) for a, n in step.chunks]
+            counts["compared"] += 1
+            counts["preempting"] += bool(preempted)
+            return step
+
+    rng = random.Random(3)
+    for seed in range(6):
+        engine = Watched(model, PagedKVPool.for_model(model, num_blocks=rng.choice([6, 8, 12]), block_size=4),
+                         max_batch=rng.choice([2, 3, 4]), max_batched_tokens=rng.choice([None, 4, 8]))
+        engine.run(poisson_trace(10, 50.0, [3, 6, 9], [2, 5, 9], seed=seed, vocab_size=64))
+    assert counts["compared"] > 50 and counts["preempting"] > 0, counts

@@ -59,3 +59,26 @@ def slot_mapping(block_tables, positions, block_size):
         for p in request_positions:
             slots.append(table[p // block_size] * block_size + p % block_size)
     return slots
+
+
+def plan_iteration(rows, budget, free_blocks, block_size):
+    """Exercise 8.5: one scheduler iteration: decodes first, prompt chunks under the budget, the youngest preempted
+    while the rows need more blocks than are free."""
+    import math
+
+    live, preempted = list(range(len(rows))), []
+    while True:
+        decoders = [i for i in live if rows[i][1] == 1 and rows[i][0] > 0]  # all cached but the newest token
+        left = math.inf if budget is None else budget - len(decoders)
+        chunks = []
+        for i in live:
+            if i not in decoders and left > 0:
+                chunks.append((i, min(rows[i][1], left)))
+                left -= chunks[-1][1]
+        need = sum(max(0, math.ceil((rows[i][0] + n) / block_size) - rows[i][2])
+                   for i, n in [(i, 1) for i in decoders] + chunks)
+        if need <= free_blocks or len(live) <= 1:
+            return decoders, chunks, preempted
+        victim = live.pop()  # the youngest
+        preempted.append(victim)
+        free_blocks += rows[victim][2]

@@ -1,5 +1,5 @@
 """Checks for notebook 08 (serving many users): a block allocator, the scheduler's admission step, chained block keys
-(the slot mapping, exercise 8.4, is in ch08_slots.py).
+(the slot mapping, exercise 8.4, is in ch08_slots.py; one scheduler iteration, exercise 8.5, in ch08_plan.py).
 
 Each check runs the learner's piece on inputs the notebook never showed, compares it with the library
 (paged_kv.BlockAllocator, scheduler.admit, prefix_cache.block_keys), with the library's own piece refused while the
@@ -15,6 +15,7 @@ from ..serve.paged_kv import BlockAllocator
 from ..serve.prefix_cache import PrefixCache, block_keys
 from ..serve.scheduler import admit
 from . import NotYet, call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: notebook)
+from .ch08_plan import check_plan_iteration  # noqa: F401  (exercise 8.5, one scheduler iteration, in its own file)
 from .ch08_slots import check_slot_mapping  # noqa: F401  (exercise 8.4, the slot mapping, in its own file)
 
 
