@@ -166,7 +166,7 @@ def _planner(*, prompts_first=False, decodes_free=False, oldest=False, keep_bloc
 
     def plan_iteration(rows, budget, free_blocks, block_size):
         if library:
-            from llm_anatomy.serve.scheduler import RowState, plan_iteration as theirs
+            from llm_anatomy.serve.iteration import RowState, plan_iteration as theirs
 
             return theirs([RowState(*r) for r in rows], budget, free_blocks, block_size)
         live, preempted, first = list(range(len(rows))), [], None

@@ -295,7 +295,7 @@ def test_plan_iteration_decides_as_schedule_does_on_random_queues(tiny_model):
     import random
 
     from llm_anatomy.serve.metrics import poisson_trace
-    from llm_anatomy.serve.scheduler import RowState, plan_iteration
+    from llm_anatomy.serve.iteration import RowState, plan_iteration
 
     model = ScratchLlama.from_hf(tiny_model)
     counts = {"compared": 0, "preempting": 0}

@@ -1,4 +1,4 @@
-"""Exercise 8.5 of notebook 08: one scheduler iteration, decided from numbers alone (scheduler.plan_iteration).
+"""Exercise 8.5 of notebook 08: one scheduler iteration, decided from numbers alone (serve/iteration.plan_iteration).
 
 The learner writes plan_iteration(rows, budget, free_blocks, block_size): the running requests, oldest first, each as
 (positions cached, tokens not yet cached, blocks held); the token budget of the iteration (None: no limit); the free
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import random
 
-from ..serve import scheduler
-from ..serve.scheduler import RowState, plan_iteration
+from ..serve import iteration, scheduler
+from ..serve.iteration import RowState, plan_iteration
 from . import call, exercise, expect, forbidden_all, hints
 
 
@@ -94,7 +94,7 @@ def _cases() -> list[tuple]:
 
 
 def _answer(fn, rows, budget, free, size):
-    with forbidden_all([(scheduler, "plan_iteration"), (scheduler, "plan")],
+    with forbidden_all([(iteration, "plan_iteration"), (scheduler, "plan")],
                        "decide the iteration yourself: the scheduler's step is the exercise"):
         got = call(fn, [tuple(r) for r in rows], budget, free, size)
     expect(isinstance(got, tuple) and len(got) == 3,
