@@ -3,7 +3,7 @@
 import pytest
 
 from llm_anatomy.errors import CourseError
-from llm_anatomy.texts import TYPOS, editing_task, load_corpus, python_topic
+from llm_anatomy.texts import TYPOS, editing_task, load_corpus, python_licence, python_topic
 
 
 def test_editing_task_puts_each_typo_into_python_documentation():
@@ -28,3 +28,15 @@ def test_unknown_topic_is_refused_with_examples():
 
 def test_corpus_is_the_python_documentation():
     assert len(load_corpus()) > 400_000
+
+
+def test_python_licence_is_the_psf_licence():
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE" in python_licence()
+
+
+def test_python_without_a_licence_file_is_refused(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.setattr(os, "__file__", str(tmp_path / "lib" / "os.py"))
+    with pytest.raises(CourseError, match="this Python ships no licence text"):
+        python_licence()

@@ -4,6 +4,7 @@ works offline.
     load_corpus()                the corpus notebook 01 trains its BPE on: data/python_docs_topics.txt (about 467 KB)
     python_topic("assignment")   one of Python's documentation topics (`pydoc_data.topics`, the pages help() shows)
     python_topics("truth")       every topic, that one first: as much real English text as a check needs
+    python_licence()             the licence text that ships with Python (LICENSE.txt): legal English, another domain
     PROMPTS, STORY_REQUEST       the short prompts the exactness check runs (python -m llm_anatomy check)
     HELD_BACK, HELD_BACK_2       two short stories notebook 01 never shows: exercise 1.1's check trains on them
     editing_task()               notebook 09's proofreading chat, whose answer copies its prompt (prompt lookup drafts)
@@ -59,6 +60,21 @@ def python_topics(first: str = "assignment") -> Iterator[str]:
     yield python_topic(first)
     topics = _topics()
     yield from (topics[name] for name in sorted(topics) if name != first)
+
+
+def python_licence() -> str:
+    """The running Python's own licence text (LICENSE.txt, the file `license()` prints), looked for where Python's
+    `site` module looks: beside the standard library and one folder up (the install's root on Windows)."""
+    import os
+
+    here = os.path.dirname(os.__file__)
+    places = [os.path.join(folder, name) for folder in (here, os.path.dirname(here)) for name in ("LICENSE.txt", "LICENSE")]
+    for place in places:
+        if os.path.isfile(place):
+            with open(place, encoding="utf-8") as f:
+                return f.read()
+    raise CourseError(f"this Python ships no licence text (looked for {', '.join(places)}); "
+                      "some Linux packages leave it out: use another Python, or pass a text of your own.")
 
 
 TYPOS = {"evaluates": "evalutes", "remember": "remeber", "single": "singel", "recursively": "recursivly",
