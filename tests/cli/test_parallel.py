@@ -30,7 +30,13 @@ def test_a_pipeline_that_does_not_divide_the_layers_is_refused():
 
 @pytest.fixture(scope="module")
 def quick_json():
-    return run_cli("parallel", "--tp", "3", "--pp", "2", "--quick", "--json").json()
+    """One quick run in this process. Its pipeline and cost runs are tests/distributed/test_runs.py's (the same
+    ranks, model and inputs): spawn_once starts each once in a session, for whichever file comes first."""
+    from spawn_once import spawn_once
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("llm_anatomy.distributed.launch.run_ranks", spawn_once)
+        return run_cli("parallel", "--tp", "3", "--pp", "2", "--quick", "--json").json()
 
 
 @pytest.mark.integration
