@@ -14,7 +14,6 @@ from llm_anatomy.distributed import launch
 
 _run_ranks = launch.run_ranks  # the real launcher, even while a test stands this function in for it
 _done: dict = {}
-spawns: list[str] = []  # one entry per group really started, for the tests that count them
 
 
 def _fingerprint(value):
@@ -35,6 +34,5 @@ def spawn_once(target, world_size: int, *args, **kwargs) -> list:
     """run_ranks(target, world_size, *args, **kwargs), spawned the first time these arguments are seen."""
     key = (f"{target.__module__}.{target.__qualname__}", world_size, _fingerprint(args), _fingerprint(kwargs))
     if key not in _done:
-        spawns.append(f"{key[0]} x{world_size}")
         _done[key] = _run_ranks(target, world_size, *args, **kwargs)
     return copy.deepcopy(_done[key])  # each test gets its own: none can change what another reads
