@@ -80,7 +80,8 @@ def test_the_ranks_form_one_group(three_ranks):
     assert [r["summed"] for r in three_ranks] == [6.0, 6.0, 6.0]
 
 
-# The failures each start their own ranks, as few as show the fault: two, where the other rank must be stopped too.
+# The failures each start their own ranks, as few as show the fault (a group of two, where one rank must be stopped
+# or is never started).
 
 
 def test_a_rank_that_raises_fails_the_call_with_its_name_and_error():
