@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKSHOP = ROOT / "workshop"
@@ -35,8 +36,9 @@ def _kit_code() -> str:
 
 
 def _cli_commands() -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "llm_anatomy", "--help"], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
+    run = run_cli("--help")
+    assert run.code == 0, run.err
+    out = run.out
     match = re.search(r"\{([\w,-]+)\}", out)
     assert match, f"no sub-commands in the CLI's help:\n{out}"
     return set(match.group(1).split(","))
@@ -112,10 +114,9 @@ def test_every_course_command_the_kit_names_exists():
     named = set(re.findall(r"python -m llm_anatomy (\w+)", _kit_code()))
     assert {"fetch", "doctor"} <= named, "the kit must name the fetch and doctor commands"
     assert named <= commands, f"the kit names commands the CLI lacks: {sorted(named - commands)}"
-    for command in named:
-        result = subprocess.run([sys.executable, "-m", "llm_anatomy", command, "--help"], capture_output=True,
-                                text=True, timeout=120)
-        assert result.returncode == 0, f"`python -m llm_anatomy {command} --help` failed:\n{result.stderr}"
+    for command in named:  # in this process: the real entry has its subprocess test (doctor's just below)
+        result = run_cli(command, "--help")
+        assert result.code == 0 and result.out, f"`python -m llm_anatomy {command} --help` failed:\n{result.err}"
 
 
 def test_every_make_target_the_kit_names_exists():
@@ -137,7 +138,8 @@ def test_files_the_pip_commands_name_exist():
 
 @pytest.mark.integration
 def test_the_pre_workshop_check_passes_here():
-    """`python -m llm_anatomy doctor` is what learners run: on a prepared machine it says all is good."""
+    """`python -m llm_anatomy doctor` is what learners run: on a prepared machine it says all is good. The doctor
+    command's one subprocess test (tests/weights/test_load.py runs it in this process)."""
     result = subprocess.run([sys.executable, "-m", "llm_anatomy", "doctor"], capture_output=True, text=True,
                             timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +16,15 @@ from llm_anatomy.cli.main import main
 def test_bad_threads_are_refused_before_any_work(topic, capsys):
     assert main(["bench", topic, "--threads", "0", "--model-size", "tiny", "--quick"]) == 1
     assert "--threads must be at least 1, not 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("topic", ["decode", "serving", "fast"])
+def test_the_real_entry_refuses_in_one_line_and_exits_1(topic):
+    """The one subprocess run of each topic: `python -m llm_anatomy bench TOPIC` is wired to its main(), and an error
+    is one line on stderr and exit status 1, with no traceback (the other tests call main() in this process)."""
+    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "bench", topic, "--threads", "0", "--model-size",
+                           "tiny", "--quick", "--json"], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "error: --threads must be at least 1, not 0.\n")
 
 
 @pytest.mark.parametrize("topic", ["decode", "serving", "fast"])

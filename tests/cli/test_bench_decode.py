@@ -1,4 +1,4 @@
-"""The decode benchmark: its JSON structure (one small subprocess run) and its table."""
+"""The decode benchmark: its JSON structure (one small run, in this process) and its table."""
 
 from __future__ import annotations
 

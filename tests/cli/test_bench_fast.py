@@ -1,4 +1,4 @@
-"""The `bench fast` topic: its JSON structure (one small subprocess run) and its table. No speed is asserted."""
+"""The `bench fast` topic: its JSON structure (one small run, in this process) and its table. No speed is asserted."""
 
 from __future__ import annotations
 

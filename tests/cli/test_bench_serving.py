@@ -1,4 +1,4 @@
-"""The serving benchmark: its JSON structure (one small subprocess run on a tiny random model) and its table."""
+"""The serving benchmark: its JSON structure (one small run on a tiny random model, in this process) and its table."""
 
 from __future__ import annotations
 

@@ -3,39 +3,40 @@ rank starts; a quick run on the real model gives every figure, with identical to
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 from bench_helpers import positive
+from cli_helpers import run_cli
 
 from llm_anatomy.cli.bench.parallel import format_table
 
 
-def _run(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "llm_anatomy", "parallel", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-
-
 def test_tp2_is_refused_in_one_sentence():
-    proc = _run("--tp", "2", timeout=120)
+    """The command's one subprocess run: the real entry, exit status 1 and one sentence on stderr, nothing else."""
+    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "parallel", "--tp", "2"], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == ("error: TP = 2 does not divide this model's 9 query heads and 3 KV heads: each "
                                    "rank must hold whole heads and an equal share, so choose a TP size from [1, 3].")
 
 
 def test_a_pipeline_that_does_not_divide_the_layers_is_refused():
-    proc = _run("--pp", "4", timeout=120)
-    assert proc.returncode == 1 and "4 stages do not cut this model's 30 layers" in proc.stderr
+    run = run_cli("parallel", "--pp", "4")
+    assert run.code == 1 and "4 stages do not cut this model's 30 layers" in run.err
 
 
 @pytest.fixture(scope="module")
 def quick_json():
-    proc = _run("--tp", "3", "--pp", "2", "--quick", "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    """One quick run in this process. Its pipeline and cost runs are tests/distributed/test_runs.py's (the same
+    ranks, model and inputs): spawn_once starts each once in a session, for whichever file comes first."""
+    from spawn_once import spawn_once
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("llm_anatomy.distributed.launch.run_ranks", spawn_once)
+        return run_cli("parallel", "--tp", "3", "--pp", "2", "--quick", "--json").json()
 
 
 @pytest.mark.integration

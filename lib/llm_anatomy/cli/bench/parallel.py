@@ -2,7 +2,7 @@
 
     python -m llm_anatomy parallel --tp 3           # TP = 3 ranks (gloo on the CPU; NCCL with a GPU per rank)
     python -m llm_anatomy parallel --tp 3 --pp 2    # and a 2-stage pipeline
-    python -m llm_anatomy parallel --json --quick   # one JSON object; fewer tokens and repeats
+    python -m llm_anatomy parallel --json --quick   # one JSON object; fewer tokens, sizes and repeats
 
 Figures, on the default model in fp32:
 - TP: the largest logit difference from one process (over the logits' scale), whether the greedy tokens are identical,
@@ -49,7 +49,8 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     if pp:
         check_stages(cfg, pp)
     backend, device = pick_backend(tp)
-    new_tokens, repeats, steps = (8, 5, 6) if quick else (48, 15, 20)
+    # --quick: the sizes of tests/distributed/test_runs.py's runs, so that a test session spawns each of them once
+    new_tokens, repeats, steps, sizes = (8, 3, 3, [4, 2304, 262_144]) if quick else (48, 15, 20, coll.SWEEP_BYTES)
     log("loading the model for the one-process reference ...")
     _, plain, tokenizer = load_bench_model("default", "cpu", torch.float32)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids  # [1, seq]
@@ -74,7 +75,7 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
         "kv_bytes_per_rank": [r["kv_bytes"] for r in ranks], "kv_bytes_whole": kv_whole}
 
     log("the all-reduce sweep and the decode steps ...")
-    cost = run_ranks(cost_run, tp, cfg, folder, coll.SWEEP_BYTES, repeats, steps, timeout_s=timeout_s)[0]
+    cost = run_ranks(cost_run, tp, cfg, folder, sizes, repeats, steps, timeout_s=timeout_s)[0]
     link = coll.fit_link(cost["sweep"])
     alone, group = statistics.median(cost["alone_s"]), statistics.median(cost["tp_s"])
     result["cores"] = cost["cores"]  # the cores rank 0 found free for its steps (the course's thread policy)
@@ -93,7 +94,7 @@ def run(tp: int = 3, pp: int = 0, quick: bool = False, timeout_s: float = 60.0, 
     if pp:
         log(f"a pipeline of {pp} stages ...")
         g = torch.Generator().manual_seed(0)
-        batch = torch.randint(3, cfg.vocab_size, (4, 8 if quick else 16), generator=g)  # [4, seq]
+        batch = torch.randint(3, cfg.vocab_size, (4, 12 if quick else 16), generator=g)  # [4, seq]
         with torch_threads(1):
             ref = plain(batch)
         stages = run_ranks(pipeline_run, pp, cfg, folder, batch, [1, 2, 4], 2 if quick else 3, timeout_s=timeout_s)
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tp", type=int, default=3, help="tensor-parallel ranks (must divide the heads: 1 or 3 here)")
     p.add_argument("--pp", type=int, default=0, help="pipeline stages to run too (0: none)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--quick", action="store_true", help="fewer tokens and repeats (CI)")
+    p.add_argument("--quick", action="store_true", help="fewer tokens, message sizes and repeats (CI)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for the others (default 60)")
     args = p.parse_args(argv)
     if args.pp < 0:
