@@ -19,6 +19,125 @@ from llm_anatomy.tokens import bpe
 solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 4, 5, 6, 7)}
 
 
+# =========================================================================== 2.1, 2.2, 2.3: embeddings and positions
+
+def _embed_by_bag(ids, table):
+    return torch.nn.functional.embedding_bag(ids.flatten()[:, None], table, mode="sum").view(*ids.shape, -1)
+
+
+def _embed_by_aten_index(ids, table):
+    return torch.ops.aten.index(table, [ids])
+
+
+@pytest.mark.parametrize("embed", [_embed_by_bag, _embed_by_aten_index], ids=["F.embedding_bag", "aten.index"])
+def test_2_1_embedding_bag_and_aten_index_are_refused(embed):
+    not_yet(ch02.check_one_hot_embed(embed), "one-hot")
+
+
+# =========================================================================== 3.1, 3.3: attention
+
+def _attend_by_flex(q, k, v):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def causal(score, b, h, i, j):
+        return torch.where(j <= i, score, -float("inf"))
+
+    return flex_attention(q[None, None], k[None, None], v[None, None], score_mod=causal)[0, 0]
+
+
+def test_3_1_flex_attention_is_refused():
+    not_yet(ch03.check_one_head(_attend_by_flex), "don't call", "flex_attention")
+
+
+def _multiply_and_sum(q, k):
+    heads, kv = q.shape[0], k.shape[0]
+    copied = k[torch.arange(heads) // (heads // kv)]  # [heads, k_len, d]: K copied for every query head
+    return (q[:, :, None] * copied[:, None]).sum(-1) / math.sqrt(q.shape[-1])
+
+
+def _flattened_copy(q, k):
+    heads, q_len, d = q.shape
+    kv, k_len = k.shape[0], k.shape[1]
+    flat = k[torch.arange(heads) // (heads // kv)].reshape(heads * k_len, d)  # the copy, flattened
+    scores = torch.stack([q[h] @ flat[h * k_len:(h + 1) * k_len].T for h in range(heads)])
+    return scores / math.sqrt(d)
+
+
+def _broadcast_matmul(q, k):
+    heads, q_len, d = q.shape
+    kv = k.shape[0]
+    grouped = q.view(kv, heads // kv, q_len, d) @ k[:, None].mT  # matmul broadcasts K: it copies it inside
+    return grouped.reshape(heads, q_len, -1) / math.sqrt(d)
+
+
+@pytest.mark.parametrize("scores", [_multiply_and_sum, _flattened_copy, _broadcast_matmul],
+                         ids=["multiply-and-sum", "flattened", "broadcast-matmul"])
+def test_3_3_a_k_copied_any_way_is_refused(scores):
+    not_yet(ch03.check_grouped_scores(scores), "K was copied for every query head")
+
+
+def test_3_3_right_answers_without_a_copy_still_pass():
+    def einsum(q, k):
+        heads, q_len, d = q.shape
+        kv = k.shape[0]
+        grouped = torch.einsum("gnqd,gkd->gnqk", q.view(kv, heads // kv, q_len, d), k)
+        return grouped.reshape(heads, q_len, -1) / math.sqrt(d)
+
+    def per_head_views(q, k):
+        n_rep = q.shape[0] // k.shape[0]
+        return torch.stack([q[h] @ k[h // n_rep].T for h in range(q.shape[0])]) / math.sqrt(q.shape[-1])
+
+    for answer in (solutions[3].grouped_scores, einsum, per_head_views):
+        verdict = ch03.check_grouped_scores(answer)
+        assert verdict.passed, verdict.message
+
+
+# =========================================================================== 4.3, 4.5: the block and the loss
+
+def test_4_3_flex_attention_is_refused():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def block_forward(block, x, cos, sin):
+        from llm_anatomy.model.rope import apply_rope
+
+        attn, cfg = block.self_attn, block.self_attn.cfg
+        b, s, _ = x.shape
+        h = block.input_layernorm(x)
+        q = apply_rope(attn.q_proj(h).view(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(attn.k_proj(h).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2), cos, sin)
+        v = attn.v_proj(h).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        out = flex_attention(q, k, v, score_mod=lambda sc, bb, hh, i, j: torch.where(j <= i, sc, -float("inf")),
+                             enable_gqa=True)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return x + block.mlp(block.post_attention_layernorm(x))
+
+    not_yet(ch04.check_block(block_forward), "don't call", "flex_attention")
+
+
+def test_4_3_a_missing_o_proj_is_named_not_gqa():
+    def no_o_proj(block, x, cos, sin):
+        attn, cfg = block.self_attn, block.self_attn.cfg
+        real = attn.o_proj
+        try:
+            attn.o_proj = torch.nn.Identity()
+            return solutions[4].block_forward(block, x, cos, sin)
+        finally:
+            attn.o_proj = real
+
+    verdict = ch04.check_block(no_o_proj)
+    not_yet(verdict, "o_proj")
+    assert "GQA" not in verdict.message
+
+
+def test_4_5_kl_div_is_refused():
+    def by_kl_div(logits, ids):
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        target = torch.nn.functional.one_hot(ids[:, 1:], logits.shape[-1]).float()
+        return torch.nn.functional.kl_div(logp, target, reduction="sum") / target[..., 0].numel()
+
+    not_yet(ch04.check_next_token_loss(by_kl_div), "don't call", "kl_div")
+
+
 # =========================================================================== 5.2, 5.3: top-p on screen, the loop
 
 

@@ -20,11 +20,16 @@ def _table(seed: int = 0, vocab: int = 11, hidden: int = 6) -> torch.Tensor:
     return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed))  # a small [vocab, hidden] table
 
 
+_INDEXED = ("you read the rows by indexing the table or taking it apart (table[ids], index_select, F.embedding, "
+            "F.embedding_bag, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them "
+            "by the table.")
+
+
 class _UnindexableTable(torch.Tensor):
     """An embedding table that refuses to be indexed, so that only the one-hot product can read it."""
 
     REFUSED = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.nn.functional.embedding,
-               torch.embedding, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
+               torch.embedding, torch.nn.functional.embedding_bag, torch.embedding_bag, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
                torch.Tensor.index_select, torch.take_along_dim,
                # every other way to get at one row: taking the table apart, or reading it out of torch
                torch.unbind, torch.Tensor.unbind, torch.Tensor.__iter__, torch.split, torch.Tensor.split,
@@ -35,9 +40,47 @@ class _UnindexableTable(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in cls.REFUSED:
-            raise NotYet("you read the rows by indexing the table or taking it apart (table[ids], index_select, "
-                         "F.embedding, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them by the table.")
+            raise NotYet(_INDEXED)
         return super().__torch_function__(func, types, args, kwargs or {})
+
+
+_ROW_READS = {"index", "_unsafe_index", "index_select", "embedding", "_embedding_bag", "_embedding_bag_forward_only",
+              "embedding_bag", "gather", "take", "take_along_dim", "select", "slice", "narrow", "unbind", "split",
+              "split_with_sizes", "unsafe_split", "chunk", "tensor_split", "unfold", "masked_select", "as_strided",
+              "_local_scalar_dense"}
+
+
+class _RowReads:
+    """Refuses, at the level of torch's ATen ops, every op that reads rows of the table by position (index,
+    index_select, embedding, embedding_bag, gather, select, slice, split ...), whichever way it was called:
+    torch.ops.aten.index(table, [ids]) never reaches the table's __torch_function__."""
+
+    def __init__(self, table: torch.Tensor):
+        self.storage, self.tried = table.untyped_storage().data_ptr(), None
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class Reads(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+                reads_table = any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == watch.storage
+                                  for a in args[:1])
+                if reads_table and func._schema.name.split("::")[-1] in _ROW_READS:
+                    watch.tried = watch.tried or str(func)
+                    raise NotYet(_INDEXED)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Reads()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        if self.tried and not isinstance(exc[1], NotYet):  # the learner's code swallowed the refusal
+            raise NotYet(_INDEXED)
+        return False
 
 
 @exercise
@@ -53,7 +96,8 @@ def check_one_hot_embed(embed) -> str:
                                                                                                          [0, 4, 9]]))]:
         guarded = table.clone().as_subclass(_UnindexableTable)
         try:
-            out = call(embed, ids.clone(), guarded)
+            with _RowReads(guarded):
+                out = call(embed, ids.clone(), guarded)
         except _LearnerFailed as failed:  # the typical one: int64 one-hot rows times a float table
             err = failed.args[0]
             expect(not (isinstance(err, RuntimeError) and any(w in str(err) for w in ("dtype", "scalar type"))),
