@@ -34,6 +34,33 @@ def test_2_1_embedding_bag_and_aten_index_are_refused(embed):
     not_yet(ch02.check_one_hot_embed(embed), "one-hot")
 
 
+def _neighbours_in_python(table, ids, k):
+    rows = table.tolist()  # the whole table out of torch: a pure-Python loop from here on
+    norms = [math.sqrt(sum(x * x for x in row)) for row in rows]
+    out = []
+    for i in ids.tolist():
+        sims = [sum(a * b for a, b in zip(rows[i], row)) / (norms[i] * n) for row, n in zip(rows, norms)]
+        sims[i] = -2.0
+        out.append(sorted(range(len(sims)), key=lambda j: -sims[j])[:k])
+    return torch.tensor(out)
+
+
+def test_2_2_a_pure_python_loop_over_the_table_is_refused():
+    not_yet(ch02.check_nearest_neighbours(_neighbours_in_python), "Python", "one matrix product")
+    assert ch02.check_nearest_neighbours(solutions[2].neighbours).passed
+
+
+def test_2_3_swapped_halves_are_named():
+    def swapped(x, positions, theta):  # the right angles, the halves in the wrong order
+        d = x.shape[-1]
+        out = solutions[2].rope(x, positions, theta)
+        return torch.cat([out[:, d // 2:], out[:, :d // 2]], dim=-1)
+
+    verdict = ch02.check_rope(swapped)
+    not_yet(verdict, "halves")
+    assert "theta **" not in verdict.message
+
+
 # =========================================================================== 3.1, 3.3: attention
 
 def _attend_by_flex(q, k, v):

@@ -150,23 +150,28 @@ _PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.T
              torch.Tensor.mm, torch.mv, torch.Tensor.mv, torch.bmm, torch.Tensor.bmm, torch.einsum, torch.dot,
              torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.tensordot, torch.nn.functional.linear,
              torch.nn.functional.cosine_similarity, torch.cosine_similarity}
-_LEAVING_TORCH = [(torch.Tensor, "numpy"), (torch.Tensor, "__array__")]  # NumPy's loops
-# are none of torch's calls: the count below could not see them
+_LEAVING_TORCH = [(torch.Tensor, "numpy"), (torch.Tensor, "__array__"), (torch.Tensor, "untyped_storage"),
+                  (torch.Tensor, "storage")]  # NumPy's loops are none of torch's calls: the count below could not see them
+_READ_OUT = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__,
+             torch.Tensor.__index__, torch.Tensor.__bool__, torch.Tensor.__complex__}  # numbers handed to Python
 _CHOICES = {torch.topk, torch.Tensor.topk, torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort,
             torch.argmax, torch.Tensor.argmax, torch.kthvalue, torch.Tensor.kthvalue}
 
 
 class _Counted:
     """Counts the matrix products and the choices (topk, sort, argmax) torch runs inside the block: a Python loop
-    over queries or rows runs one of each per pass, the whole-table method one in all."""
+    over queries or rows runs one of each per pass, the whole-table method one in all. It also counts the numbers
+    handed to Python (tolist, item, float()): a loop in pure Python reads the table out first."""
 
     def __enter__(self):
-        self.products = self.choices = self.calls = 0
+        self.products = self.choices = self.calls = self.read_out = 0
 
         def seen(func, args, kwargs, out):
             self.products += func in _PRODUCTS
             self.choices += func in _CHOICES
             self.calls += 1
+            if func in _READ_OUT and args and isinstance(args[0], torch.Tensor):
+                self.read_out += args[0].numel()
 
         self._watch = torch_calls(seen)
         self._watch.__enter__()
@@ -200,6 +205,10 @@ def check_nearest_neighbours(neighbours) -> str:
                 forbidden_all(_LEAVING_TORCH, "stay in torch: one matrix product compares every query with every row"), \
                 _Counted() as ran:
             out = call(neighbours, table.clone(), ids.clone(), k)
+        expect(ran.read_out <= len(ids) * (k + 1), f"your code handed {ran.read_out} numbers to Python (tolist, "
+                                                   "item, float) and compared them there: a Python loop over the "
+                                                   f"table's rows. Compare all {len(ids)} queries with the whole table "
+                                                   "in torch: one matrix product and one topk.")
         expect(ran.calls <= one.calls + 2, f"your code ran {one.calls} torch calls for one query and {ran.calls} for "
                                            f"{len(ids)}: a Python loop over the queries. Compare all of them with the "
                                            "whole table at once: one matrix product and one topk.")
@@ -272,6 +281,10 @@ def check_rope(rope) -> str:
         expect(torch.allclose(out.norm(dim=-1), x.double().norm(dim=-1), atol=1e-3),
                "the lengths changed: a rotation keeps each pair's length, so mix each pair with cos and sin of one "
                "angle, both numbers of the pair with the same angle.")
+        half = x.shape[-1] // 2
+        expect(not torch.allclose(out, torch.cat([right[:, half:], right[:, :half]], dim=-1), atol=2e-3),
+               "your two halves are swapped: the first half is x1 cos a - x2 sin a, the second x1 sin a + x2 cos a "
+               "(x1 = x[:, :d/2], x2 = x[:, d/2:]), in that order.")
         expect(not torch.allclose(out, _interleaved(x, positions, theta), atol=2e-3),
                "you turned neighbours (x[2i], x[2i+1]); Llama's layout pairs x[j] with x[j + d/2], the two halves "
                "(the checkpoint's query and key rows are stored in that order).")
