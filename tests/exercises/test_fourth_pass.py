@@ -261,3 +261,33 @@ COPIES = {
 @pytest.mark.parametrize("copy", sorted(COPIES))
 def test_6_2_a_copy_of_the_stored_positions_made_any_way_is_named(copy):
     not_yet(ch06.check_cache_update(_update_copying(COPIES[copy])), "copied", "Write only the new k and v")
+
+
+# =========================================================================== 7.1, 7.3: counting the work
+
+def test_7_1_notebook_07s_own_pass_rows_is_refused():
+    from llm_anatomy.measure import roofline
+
+    def by_the_table(cfg, past, size):
+        rows = roofline.pass_rows(cfg, 1, past, 1, size)  # the table above 7.1, row by row
+        cache = sum(r.activation_bytes for r in rows if r.name.startswith("KV cache: read"))
+        return sum(r.flops for r in rows), sum(r.weight_bytes for r in rows) + cache
+
+    not_yet(ch07.check_decode_work(by_the_table), "don't call", "pass_rows")
+
+
+def test_7_3_context_plus_one_is_named():
+    def one_more(batch, context, *rest):
+        return solutions[7].predict_step_s(batch, context + 1, *rest)
+
+    not_yet(ch07.check_predict_step(one_more), "context, not context + 1")
+    assert ch07.check_predict_step(solutions[7].predict_step_s).passed
+
+
+def test_7_3_a_prediction_off_by_a_little_prints_two_different_floors():
+    def a_little_more(*args):
+        return solutions[7].predict_step_s(*args) * (1 + 1e-5)
+
+    verdict = ch07.check_predict_step(a_little_more)
+    want, got = re.search(r"the floor is ([\d.]+) ms .* you predicted ([\d.]+) ms", verdict.message).groups()
+    assert want != got, verdict.message
