@@ -19,6 +19,66 @@ from llm_anatomy.tokens import bpe
 solutions = {n: load_solutions(f"ch{n:02d}") for n in (1, 2, 3, 4, 5, 6, 7)}
 
 
+# =========================================================================== 1.1: the pre-split is GPT-2's
+
+def _train_with_split(split):
+    """The right training loop on the chunks of `split(text)` (a pre-split of the learner's own)."""
+    def train(text, vocab_size):
+        chunks = [list(c.encode("utf-8")) for c in split(text)]
+        merges = {}
+        for new_id in range(256, vocab_size):
+            counts = {}
+            for ids in chunks:
+                bpe.pair_counts(ids, counts)
+            if not counts:
+                break
+            best = bpe.most_frequent(counts)
+            merges[best] = new_id
+            chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+        return merges
+    return train
+
+
+HOME_MADE_SPLITS = {  # what a learner writes instead of GPT-2's pattern
+    "words and punctuation": lambda text: re.findall(r" ?\w+| ?[^\w\s]+|\s+", text),
+    "letters, digits grouped with letters": lambda text: re.findall(r" ?[A-Za-z0-9]+| ?[^A-Za-z0-9\s]+|\s+", text),
+}
+
+
+@pytest.mark.parametrize("split", sorted(HOME_MADE_SPLITS))
+def test_1_1_a_home_made_pre_split_is_named(split):
+    not_yet(ch01.check_train(_train_with_split(HOME_MADE_SPLITS[split])), "bpe.PreSplitter")
+
+
+def test_1_1_gpt2s_pattern_with_ties_broken_by_max_is_told_about_ties():
+    import regex
+
+    gpt2 = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+    def by_max(text, vocab_size):
+        chunks, merges = [list(c.encode("utf-8")) for c in gpt2.findall(text)], {}
+        for new_id in range(256, vocab_size):
+            counts = {}
+            for ids in chunks:
+                bpe.pair_counts(ids, counts)
+            best = max(counts, key=counts.get)
+            merges[best] = new_id
+            chunks = [bpe.merge(ids, best, new_id) for ids in chunks]
+        return merges
+
+    verdict = ch01.check_train(by_max)
+    not_yet(verdict, "break ties")
+    assert "PreSplitter" not in verdict.message
+
+
+def test_1_1_gpt2s_pattern_written_out_passes():
+    import regex
+
+    gpt2 = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    assert ch01.check_train(_train_with_split(gpt2.findall)).passed
+    assert ch01.check_train(solutions[1].train).passed
+
+
 # =========================================================================== 2.1, 2.2, 2.3: embeddings and positions
 
 def _embed_by_bag(ids, table):
