@@ -227,6 +227,27 @@ def test_4_5_kl_div_is_refused():
 
 # =========================================================================== 5.2, 5.3: top-p on screen, the loop
 
+def _notebook_cells(name: str) -> list[dict]:
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    return [dict(c, source="".join(c["source"])) for c in cells]
+
+
+_RUNNING_SUM = re.compile(r"cumsum|cumulative|accumulate")
+
+
+def test_5_2_no_running_sum_of_probabilities_is_on_screen_above_the_exercise():
+    cells = _notebook_cells("05_generation.ipynb")
+    at = next(i for i, c in enumerate(cells) if "Exercise 5.2" in c["source"])
+    above = [c["source"] for c in cells[:at] if c["cell_type"] == "code"]
+    assert not [s for s in above if _RUNNING_SUM.search(s)], "a running sum of probabilities is on screen above 5.2"
+    assert any(_RUNNING_SUM.search(c["source"]) for c in cells[at:] if c["cell_type"] == "code")  # the funnel, after
+
+
+def test_5_2_the_search_finds_the_idea_in_any_spelling():
+    for spelling in ("(ordered.cumsum(0) - ordered < 0.9)", "torch.cumsum(p, dim=0) <= top", "np.cumsum(probs)",
+                     "list(itertools.accumulate(probs))"):
+        assert _RUNNING_SUM.search(spelling)
+
 
 def _until_stop(pick, stop_checked_last=False):
     """The append-and-rerun loop of 5.3 with `pick(logits)` choosing each token."""
