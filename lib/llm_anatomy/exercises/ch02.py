@@ -29,7 +29,8 @@ class _UnindexableTable(torch.Tensor):
     """An embedding table that refuses to be indexed, so that only the one-hot product can read it."""
 
     REFUSED = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.nn.functional.embedding,
-               torch.embedding, torch.nn.functional.embedding_bag, torch.embedding_bag, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
+               torch.embedding, torch.nn.functional.embedding_bag, torch.embedding_bag, torch.gather,
+               torch.Tensor.gather, torch.take, torch.Tensor.take,
                torch.Tensor.index_select, torch.take_along_dim,
                # every other way to get at one row: taking the table apart, or reading it out of torch
                torch.unbind, torch.Tensor.unbind, torch.Tensor.__iter__, torch.split, torch.Tensor.split,
@@ -57,6 +58,13 @@ class _RowReads:
 
     def __init__(self, table: torch.Tensor):
         self.storage, self.tried = table.untyped_storage().data_ptr(), None
+        self.values = table.as_subclass(torch.Tensor).clone()  # a copy of the table is the table too
+
+    def _is_table(self, t) -> bool:
+        if isinstance(t, _UnindexableTable):
+            return True
+        return isinstance(t, torch.Tensor) and (t.untyped_storage().data_ptr() == self.storage or (
+            t.shape == self.values.shape and torch.equal(t.to(self.values.dtype), self.values)))
 
     def __enter__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -65,9 +73,7 @@ class _RowReads:
 
         class Reads(TorchDispatchMode):
             def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-                reads_table = any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == watch.storage
-                                  for a in args[:1])
-                if reads_table and func._schema.name.split("::")[-1] in _ROW_READS:
+                if func._schema.name.split("::")[-1] in _ROW_READS and args and watch._is_table(args[0]):
                     watch.tried = watch.tried or str(func)
                     raise NotYet(_INDEXED)
                 return func(*args, **(kwargs or {}))
