@@ -68,7 +68,8 @@ def check_one_head(attend) -> str:
 
     refused = [(torch.nn.functional, "scaled_dot_product_attention"), (attention_module, "attention"),
                (attention_module, "attention_probabilities"), (torch.nn.functional, "multi_head_attention_forward"),
-               torch.nn.MultiheadAttention, (flex_attention, "flex_attention")]
+               torch.nn.MultiheadAttention, (flex_attention, "flex_attention"),
+               (type(torch.ops.higher_order.flex_attention), "__call__")]  # the op behind it
     for seq, d in [(5, 8), (7, 16)]:
         q, k, v = (2 * torch.randn(seq, d, generator=g) for _ in range(3))
         with forbidden_all(refused, "write the scores, the mask and the softmax yourself",

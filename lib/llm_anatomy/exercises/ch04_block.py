@@ -102,7 +102,8 @@ def _refused():
     from torch.nn.attention import flex_attention  # imported here, so that it is refused even if imported later
 
     llama = sys.modules.get("transformers.models.llama.modeling_llama")
-    return [(flex_attention, "flex_attention"), (Block, "forward"), (Attention, "forward"), attention_module.attention,
+    return [(flex_attention, "flex_attention"), (type(torch.ops.higher_order.flex_attention), "__call__"),
+            (Block, "forward"), (Attention, "forward"), attention_module.attention,
             attention_module.attention_probabilities, attention_module.sdpa_attention,
             (torch.nn.functional, "scaled_dot_product_attention"),
             (getattr(llama, "LlamaAttention", None), "forward"), (getattr(llama, "LlamaDecoderLayer", None), "forward"),
