@@ -33,6 +33,7 @@ _ATEN = {  # a torch function -> the ATen ops (and C functions of the same names
     "rms_norm": {"rms_norm", "_fused_rms_norm"},
     "cross_entropy": {"cross_entropy_loss"},
     "multi_head_attention_forward": {"_native_multi_head_attention"},
+    "kl_div": {"kl_div"},
 }
 _TRANSFORMERS_MODELS = f"{os.sep}transformers{os.sep}models{os.sep}"
 _CHECKS = {str(p) for p in Path(__file__).parent.glob("ch*.py")} | {str(Path(__file__).with_name("_tiny.py"))}

@@ -32,11 +32,12 @@ def reference_tokens(model, ids: torch.Tensor, n: int) -> list[int]:
 
 
 def stop_cases(model, seed: int, shapes):
-    """The cases a loop-that-stops exercise runs: for each (prompt length, max new tokens), a random prompt and two
+    """The cases a loop-that-stops exercise runs: for each (prompt length, max new tokens), a random prompt and three
     runs, (ids, n, stop_ids, the tokens wanted, the reason wanted): one with a stop id that the model makes mid-way,
     its third token or later (the answer ends with it), one with stop ids the model never makes (the answer is all
-    n tokens). Both sets also hold a token of the prompt that the model never makes, as every chat prompt holds
-    <|im_end|>: a loop must look at the tokens it makes, not at the prompt."""
+    n tokens), and the first again with max_new_tokens ending at the stop id (its reason is still 'stop'). Every
+    set also holds a token of the prompt that the model never makes, as every chat prompt holds <|im_end|>: a loop
+    must look at the tokens it makes, not at the prompt."""
     g = torch.Generator().manual_seed(seed)
     for prompt_len, n in shapes:
         ids = torch.randint(3, model.cfg.vocab_size, (1, prompt_len), generator=g)
@@ -47,6 +48,15 @@ def stop_cases(model, seed: int, shapes):
         in_prompt = {min(in_prompt)} if in_prompt else set()
         yield ids, n, {stop, never[0]} | in_prompt, full[:full.index(stop) + 1], "stop"
         yield ids, n, set(never) | in_prompt, full, "length"
+        yield ids, full.index(stop) + 1, {stop, never[0]} | in_prompt, full[:full.index(stop) + 1], "stop"
+
+
+def stop_as_the_last_token(got: list[int], reason, want: list[int], why: str, n: int) -> str | None:
+    """The message for a loop that said 'length' when the last token it was allowed was a stop id (else None)."""
+    if why == "stop" and reason == "length" and got == want and len(want) == n:
+        return (f"your last allowed token ({n} = max_new_tokens) is stop id {want[-1]}, and you said 'length': a stop "
+                "id ends the loop with 'stop' even then, so check it before the length limit.")
+    return None
 
 
 def stopped_on_the_prompt(ids, got: list[int], reason, want: list[int], stop_ids) -> str | None:

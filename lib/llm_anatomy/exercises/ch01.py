@@ -114,6 +114,24 @@ def check_merge(merge) -> str:
     return "every occurrence replaced, left to right, overlaps settled the way BPE settles them."
 
 
+class _PreSplitSeen:
+    """Whether the learner's code cut a text with bpe.PreSplitter (watched, not refused: it is the way to cut)."""
+
+    def __enter__(self):
+        self.seen = False
+
+        def called(arguments) -> bool:
+            self.seen = True
+            return False  # never refused
+
+        self._watch = forbidden_all([(PreSplitter, "__call__")], "", when=called)
+        self._watch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._watch.__exit__(*exc)
+
+
 def _no_trainer() -> forbidden_all:
     import tokenizers
 
@@ -153,18 +171,31 @@ def _counted_once_per_chunk(text: str, vocab_size: int) -> dict:
     return merges
 
 
+_WORD_SPLIT = regex.compile(r" ?\w+| ?[^\w\s]+|\s+")  # a home-made pre-split: digits glued to letters, "'" apart
+
+
+def _trained_on(chunks: list[str], vocab_size: int) -> list:
+    return list(bpe_train.train_on_chunks([list(c.encode("utf-8")) for c in chunks], vocab_size)[0])
+
+
 def _generated_text(vocab_size: int) -> str:
     """A text made up at check time whose words repeat a pair inside themselves (' banana', ' lolol'), on which
-    counting a pair once per chunk learns other merges than counting every occurrence."""
+    counting a pair once per chunk learns other merges than counting every occurrence; it also holds what GPT-2's
+    pre-split cuts in its own way (digits after letters, double spaces, 's), so that a pre-split of one's own
+    learns other merges too."""
     rng = random.Random()
-    for _ in range(50):  # bounded: nearly every draw tells the two apart
+    for _ in range(50):  # bounded: nearly every draw tells them apart
         syllables = [rng.choice("bdklmnprst") + rng.choice("aeiou") for _ in range(6)]
         words = [rng.choice(syllables) * rng.randint(2, 4) + rng.choice(["", "s", "n"]) for _ in range(12)]
         words += ["".join(rng.sample(syllables, 3)) for _ in range(12)]  # and words with no repeat, seen often
-        text = " ".join(rng.choice(words) for _ in range(160))
-        if list(_counted_once_per_chunk(text, vocab_size)) != list(bpe_train.train_plain(text, vocab_size)[0]):
+        words += [rng.choice(syllables) + str(rng.randint(2, 99)) for _ in range(4)]  # 'ka42': letters, then digits
+        words += [w + "'s" for w in rng.sample(words, 4)]
+        text = "".join(rng.choice(words) + rng.choice([" "] * 5 + ["  "]) for _ in range(160)).strip()
+        plain = list(bpe_train.train_plain(text, vocab_size)[0])
+        if (list(_counted_once_per_chunk(text, vocab_size)) != plain
+                and _trained_on(_WORD_SPLIT.findall(text), vocab_size) != plain):
             return text
-    raise RuntimeError("no generated text told the two ways of counting apart")
+    raise RuntimeError("no generated text told the ways of counting and cutting apart")
 
 
 def _named_mistake(got: list, text: str, vocab_size: int, expected: dict) -> None:
@@ -206,24 +237,47 @@ def check_train(train, vocab_size: int = 256 + 40) -> str:
     first = None
     for text, size in ((HELD_BACK, vocab_size), (HELD_BACK_2, 256 + 27), (_generated_text(256 + 20), 256 + 20)):
         expected, history = bpe_train.train_plain(text, size)
-        with _no_trainer():
+        with _no_trainer(), _PreSplitSeen() as cut:
             got = call(train, text, size)
         expect(got is not None, "your function returned None: end it with `return merges`.")
         got = _as_pairs(got)
         expect(first is None or got[:len(expected)] != first[:len(expected)],
                "you returned the same merges for two different texts: learn them from `text`, the text the check "
                "passes (and stop at `vocab_size`), not from a text or a table fixed in advance.")
-        _check_merges(got, text, size, expected)
+        _check_merges(got, text, size, expected, cut.seen)
         first = got
     return (f"the same merges as the library on three texts you had not seen (one made up just now), at three "
             f"vocabulary sizes (the last merge was seen {history[-1].count} times). The fast trainer below learns "
             "exactly these.")
 
 
-def _check_merges(got, text: str, vocab_size: int, expected: dict) -> None:
+def _own_pre_split(got, text: str, where: str) -> None:
+    """For code that never called bpe.PreSplitter: replay its merges on GPT-2's chunks, letting it break ties its own
+    way; a merge less frequent than the most frequent pair there means its chunks were others. (No pre-split at
+    all shows as a token that runs across two chunks: the replay in _check_merges names it.)"""
+    made = {i: bytes([i]) for i in range(256)}
+    for (left, right), new_id in got:
+        made[new_id] = made.get(left, b"?") + made.get(right, b"?")
+        if regex.search(rb"\S\s", made[new_id]):
+            return
+    chunks = [list(c.encode("utf-8")) for c in PreSplitter()(text)]
+    for step, ((left, right), new_id) in enumerate(got):
+        counts: dict = {}
+        for chunk in chunks:
+            bpe.pair_counts(chunk, counts)
+        expect(not counts or counts.get((left, right), 0) == max(counts.values()),
+               f"merge {step + 1} is not the most frequent pair in GPT-2's chunks {where}, and your code never called "
+               "bpe.PreSplitter: a pre-split of your own cuts digits after letters, runs of spaces or 's otherwise "
+               "than GPT-2's pattern, and this text holds all three. Cut with bpe.PreSplitter()(text).")
+        chunks = [bpe.merge(chunk, (left, right), new_id) for chunk in chunks]
+
+
+def _check_merges(got, text: str, vocab_size: int, expected: dict, pre_split: bool = True) -> None:
     where = f"(a text of {len(text)} characters, vocab_size {vocab_size})"
     expect(len(got) > 0, f"no merges came back {where}: the loop should learn vocab_size - 256 of them.")
     _named_mistake(got, text, vocab_size, expected)
+    if not pre_split:
+        _own_pre_split(got, text, where)
     ids = [new_id for _, new_id in got]
     expect(ids == list(range(256, 256 + len(got))), f"the new ids should be 256, 257, 258 ... in order, not "
                                                     f"{ids[:4]} ...: ids 0-255 are the bytes.")

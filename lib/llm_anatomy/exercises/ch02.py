@@ -20,11 +20,17 @@ def _table(seed: int = 0, vocab: int = 11, hidden: int = 6) -> torch.Tensor:
     return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed))  # a small [vocab, hidden] table
 
 
+_INDEXED = ("you read the rows by indexing the table or taking it apart (table[ids], index_select, F.embedding, "
+            "F.embedding_bag, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them "
+            "by the table.")
+
+
 class _UnindexableTable(torch.Tensor):
     """An embedding table that refuses to be indexed, so that only the one-hot product can read it."""
 
     REFUSED = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.nn.functional.embedding,
-               torch.embedding, torch.gather, torch.Tensor.gather, torch.take, torch.Tensor.take,
+               torch.embedding, torch.nn.functional.embedding_bag, torch.embedding_bag, torch.gather,
+               torch.Tensor.gather, torch.take, torch.Tensor.take,
                torch.Tensor.index_select, torch.take_along_dim,
                # every other way to get at one row: taking the table apart, or reading it out of torch
                torch.unbind, torch.Tensor.unbind, torch.Tensor.__iter__, torch.split, torch.Tensor.split,
@@ -35,9 +41,52 @@ class _UnindexableTable(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func in cls.REFUSED:
-            raise NotYet("you read the rows by indexing the table or taking it apart (table[ids], index_select, "
-                         "F.embedding, unbind, split, tolist): that is the lookup itself. Build one-hot rows and multiply them by the table.")
+            raise NotYet(_INDEXED)
         return super().__torch_function__(func, types, args, kwargs or {})
+
+
+_ROW_READS = {"index", "_unsafe_index", "index_select", "embedding", "_embedding_bag", "_embedding_bag_forward_only",
+              "embedding_bag", "gather", "take", "take_along_dim", "select", "slice", "narrow", "unbind", "split",
+              "split_with_sizes", "unsafe_split", "chunk", "tensor_split", "unfold", "masked_select", "as_strided",
+              "_local_scalar_dense"}
+
+
+class _RowReads:
+    """Refuses, at the level of torch's ATen ops, every op that reads rows of the table by position (index,
+    index_select, embedding, embedding_bag, gather, select, slice, split ...), whichever way it was called:
+    torch.ops.aten.index(table, [ids]) never reaches the table's __torch_function__."""
+
+    def __init__(self, table: torch.Tensor):
+        self.storage, self.tried = table.untyped_storage().data_ptr(), None
+        self.values = table.as_subclass(torch.Tensor).clone()  # a copy of the table is the table too
+
+    def _is_table(self, t) -> bool:
+        if isinstance(t, _UnindexableTable):
+            return True
+        return isinstance(t, torch.Tensor) and (t.untyped_storage().data_ptr() == self.storage or (
+            t.shape == self.values.shape and torch.equal(t.to(self.values.dtype), self.values)))
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class Reads(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+                if func._schema.name.split("::")[-1] in _ROW_READS and args and watch._is_table(args[0]):
+                    watch.tried = watch.tried or str(func)
+                    raise NotYet(_INDEXED)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Reads()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        if self.tried and not isinstance(exc[1], NotYet):  # the learner's code swallowed the refusal
+            raise NotYet(_INDEXED)
+        return False
 
 
 @exercise
@@ -53,7 +102,8 @@ def check_one_hot_embed(embed) -> str:
                                                                                                          [0, 4, 9]]))]:
         guarded = table.clone().as_subclass(_UnindexableTable)
         try:
-            out = call(embed, ids.clone(), guarded)
+            with _RowReads(guarded):
+                out = call(embed, ids.clone(), guarded)
         except _LearnerFailed as failed:  # the typical one: int64 one-hot rows times a float table
             err = failed.args[0]
             expect(not (isinstance(err, RuntimeError) and any(w in str(err) for w in ("dtype", "scalar type"))),
@@ -106,23 +156,28 @@ _PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.T
              torch.Tensor.mm, torch.mv, torch.Tensor.mv, torch.bmm, torch.Tensor.bmm, torch.einsum, torch.dot,
              torch.Tensor.dot, torch.inner, torch.Tensor.inner, torch.tensordot, torch.nn.functional.linear,
              torch.nn.functional.cosine_similarity, torch.cosine_similarity}
-_LEAVING_TORCH = [(torch.Tensor, "numpy"), (torch.Tensor, "__array__")]  # NumPy's loops
-# are none of torch's calls: the count below could not see them
+_LEAVING_TORCH = [(torch.Tensor, "numpy"), (torch.Tensor, "__array__"), (torch.Tensor, "untyped_storage"),
+                  (torch.Tensor, "storage")]  # NumPy's loops are none of torch's calls: the count below could not see them
+_READ_OUT = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__,
+             torch.Tensor.__index__, torch.Tensor.__bool__, torch.Tensor.__complex__}  # numbers handed to Python
 _CHOICES = {torch.topk, torch.Tensor.topk, torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort,
             torch.argmax, torch.Tensor.argmax, torch.kthvalue, torch.Tensor.kthvalue}
 
 
 class _Counted:
     """Counts the matrix products and the choices (topk, sort, argmax) torch runs inside the block: a Python loop
-    over queries or rows runs one of each per pass, the whole-table method one in all."""
+    over queries or rows runs one of each per pass, the whole-table method one in all. It also counts the numbers
+    handed to Python (tolist, item, float()): a loop in pure Python reads the table out first."""
 
     def __enter__(self):
-        self.products = self.choices = self.calls = 0
+        self.products = self.choices = self.calls = self.read_out = 0
 
         def seen(func, args, kwargs, out):
             self.products += func in _PRODUCTS
             self.choices += func in _CHOICES
             self.calls += 1
+            if func in _READ_OUT and args and isinstance(args[0], torch.Tensor):
+                self.read_out += args[0].numel()
 
         self._watch = torch_calls(seen)
         self._watch.__enter__()
@@ -156,6 +211,10 @@ def check_nearest_neighbours(neighbours) -> str:
                 forbidden_all(_LEAVING_TORCH, "stay in torch: one matrix product compares every query with every row"), \
                 _Counted() as ran:
             out = call(neighbours, table.clone(), ids.clone(), k)
+        expect(ran.read_out <= len(ids) * (k + 1), f"your code handed {ran.read_out} numbers to Python (tolist, "
+                                                   "item, float) and compared them there: a Python loop over the "
+                                                   f"table's rows. Compare all {len(ids)} queries with the whole table "
+                                                   "in torch: one matrix product and one topk.")
         expect(ran.calls <= one.calls + 2, f"your code ran {one.calls} torch calls for one query and {ran.calls} for "
                                            f"{len(ids)}: a Python loop over the queries. Compare all of them with the "
                                            "whole table at once: one matrix product and one topk.")
@@ -228,6 +287,10 @@ def check_rope(rope) -> str:
         expect(torch.allclose(out.norm(dim=-1), x.double().norm(dim=-1), atol=1e-3),
                "the lengths changed: a rotation keeps each pair's length, so mix each pair with cos and sin of one "
                "angle, both numbers of the pair with the same angle.")
+        half = x.shape[-1] // 2
+        expect(not torch.allclose(out, torch.cat([right[:, half:], right[:, :half]], dim=-1), atol=2e-3),
+               "your two halves are swapped: the first half is x1 cos a - x2 sin a, the second x1 sin a + x2 cos a "
+               "(x1 = x[:, :d/2], x2 = x[:, d/2:]), in that order.")
         expect(not torch.allclose(out, _interleaved(x, positions, theta), atol=2e-3),
                "you turned neighbours (x[2i], x[2i+1]); Llama's layout pairs x[j] with x[j + d/2], the two halves "
                "(the checkpoint's query and key rows are stored in that order).")

@@ -14,7 +14,7 @@ import torch
 
 from ..model import attention as attention_module
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
-from ._watch import torch_calls
+from ._watch import aten_made, torch_calls
 
 
 def _head(q, k, v, *, causal=True, scale="sqrt", fill=float("-inf"), dim=-1, diagonal=0, transposed=False,
@@ -64,9 +64,12 @@ def check_one_head(attend) -> str:
     """Exercise 3.1: attend(q, k, v) for one causal head: q, k, v are [seq, head_dim]; returns [seq, head_dim]."""
     expect(callable(attend), "define a function attend(q, k, v).")
     g = torch.Generator().manual_seed(0)
+    from torch.nn.attention import flex_attention  # imported here, so that it is refused even if imported later
+
     refused = [(torch.nn.functional, "scaled_dot_product_attention"), (attention_module, "attention"),
                (attention_module, "attention_probabilities"), (torch.nn.functional, "multi_head_attention_forward"),
-               torch.nn.MultiheadAttention]
+               torch.nn.MultiheadAttention, (flex_attention, "flex_attention"),
+               (type(torch.ops.higher_order.flex_attention), "__call__")]  # the op behind it
     for seq, d in [(5, 8), (7, 16)]:
         q, k, v = (2 * torch.randn(seq, d, generator=g) for _ in range(3))
         with forbidden_all(refused, "write the scores, the mask and the softmax yourself",
@@ -165,6 +168,47 @@ class _KOperands:
         return self._watch.__exit__(*exc)
 
 
+class _KCopies:
+    """Watches every tensor torch allocates while the learner's code runs (whatever call made it: indexing, cat,
+    stack, or torch.matmul broadcasting K over a group, which copies it inside) and keeps the largest that holds
+    nothing but K's heads, more of them than K has: a K copied for every query head. A buffer filled in place later
+    is looked at again at the end."""
+
+    def __init__(self, k: torch.Tensor):
+        self.k, self.largest, self.kept = k, 0, []
+
+    def _copies_k(self, t: torch.Tensor) -> bool:
+        kv, k_len, d = self.k.shape
+        if not t.is_floating_point() or t.numel() <= self.k.numel() or t.numel() % (k_len * d):
+            return False
+        layouts = [t.reshape(-1, k_len, d)]  # [..., k_len, d], flattened or not
+        if t.dim() >= 2 and t.shape[-2] == d:  # [..., d, k_len]: K transposed (k.mT), flattened or not
+            layouts.append(t.transpose(-2, -1).reshape(-1, k_len, d))
+        heads = self.k.to(t.dtype)
+        return any(all(any(torch.equal(part, head) for head in heads) for part in layout) for layout in layouts)
+
+    def _look(self, t: torch.Tensor) -> None:
+        if self._copies_k(t):
+            self.largest = max(self.largest, t.numel())
+
+    def __enter__(self):
+        def seen(t):
+            if t.is_floating_point() and t.numel() > self.k.numel():
+                self.kept.append(t)
+                self._look(t)
+
+        self._watch = aten_made(seen)
+        self._watch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._watch.__exit__(*exc)
+        for t in self.kept:  # what the buffers hold now
+            self._look(t)
+        self.kept = []
+        return False
+
+
 def _grouped_reference(q: torch.Tensor, k: torch.Tensor, grouping: str = "h // n_rep", scale=True) -> torch.Tensor:
     heads, kv = q.shape[0], k.shape[0]
     n_rep = heads // kv
@@ -188,13 +232,20 @@ def check_grouped_scores(grouped_scores) -> str:
     for heads, kv, q_len, k_len, d in [(6, 2, 3, 5, 8), (8, 4, 1, 7, 16), (4, 1, 3, 6, 4)]:  # K's shape is its own
         q = torch.randn(heads, q_len, d, generator=g)
         k = torch.randn(kv, k_len, d, generator=g)
-        with _copies_of_k(), _KOperands(k_len, d) as products:
-            out = returned(call(grouped_scores, q.clone(), k.clone()), "tensor", "the scores")
+        given = k.clone()
+        with _copies_of_k(), _KOperands(k_len, d) as products, _KCopies(given) as copies:
+            out = call(grouped_scores, q.clone(), given)
+        out = returned(out, "tensor", "the scores")
         expect(products.largest <= k.numel(), f"your matrix product read a K of {products.largest} numbers, "
                                               f"{products.largest // k.numel()}x the {k.numel()} of the K you were "
                                               f"given: K was copied for every query head (indexing with arange // "
                                               "n_rep, cat, stack, index_select and broadcast_to(...).reshape all copy). "
                                               "Leave K as [kv_heads, k_len, d] and reshape the queries instead.")
+        expect(copies.largest == 0, f"your code made a copy of K holding {copies.largest} numbers, "
+                                    f"{copies.largest // k.numel()}x the {k.numel()} of the K you were given: K was "
+                                    "copied for every query head (by indexing, cat, stack, or a torch.matmul that "
+                                    "broadcasts K over a group, which copies it inside). Leave K as [kv_heads, k_len, "
+                                    "d] and reshape the queries to [kv_heads, n_rep * q_len, d] instead.")
         expect(tuple(out.shape) == (heads, q_len, k_len), f"for {heads} query heads, {q_len} queries and {k_len} keys "
                                                           f"return [{heads}, {q_len}, {k_len}], not {list(out.shape)}.")
         out = out.double()

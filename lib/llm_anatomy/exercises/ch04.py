@@ -220,7 +220,8 @@ def check_next_token_loss(loss_fn) -> str:
     cross_entropy = torch.nn.functional.cross_entropy
     library = [(torch.nn.functional, "cross_entropy"), (torch.nn.functional, "nll_loss"), torch.nn.CrossEntropyLoss,
                torch.nn.NLLLoss, (torch._C._nn, "cross_entropy_loss"), (torch._C._nn, "nll_loss"),
-               (torch._C._nn, "nll_loss_nd"), (torch.distributions.Categorical, "log_prob")]
+               (torch._C._nn, "nll_loss_nd"), (torch.distributions.Categorical, "log_prob"),
+               (torch.nn.functional, "kl_div"), torch.nn.KLDivLoss, (torch, "kl_div")]
     for batch, seq, vocab in [(1, 7, 11), (2, 5, 13)]:
         logits = 3 * torch.randn(batch, seq, vocab, generator=g)
         ids = torch.randint(vocab, (batch, seq), generator=g)

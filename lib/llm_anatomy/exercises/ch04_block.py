@@ -11,6 +11,7 @@ q or k), K/V heads dealt out by tiling, no causal mask, no 1/sqrt(head_dim), a m
 
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -43,7 +44,7 @@ def random_block(hidden=40, heads=6, kv_heads=2, head_dim=8, seed=11) -> tuple[S
 
 
 def block_variant(block, x, cos, sin, *, post_norm=False, residual_on_normed=False, rope_on_v=False, rope_q=True,
-                  rope_k=True, tiled=False, causal=True, scale=True, residual=True):
+                  rope_k=True, tiled=False, causal=True, scale=True, residual=True, o_proj=True):
     """The block with one thing changed: what a typical mistake computes. `[batch, seq, hidden]`."""
     attn = block.self_attn
     b, s, _ = x.shape
@@ -63,7 +64,8 @@ def block_variant(block, x, cos, sin, *, post_norm=False, residual_on_normed=Fal
         if causal:
             scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
         out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v  # [batch, heads, seq, head_dim]
-        return attn.o_proj(out.transpose(1, 2).reshape(b, s, heads * d))
+        heads_out = out.transpose(1, 2).reshape(b, s, heads * d)
+        return attn.o_proj(heads_out) if o_proj else heads_out
 
     if post_norm:  # the original transformer's order: add, then normalise the stream
         x = block.input_layernorm(x + attention_sublayer(x))
@@ -89,14 +91,19 @@ MISTAKES = [  # (what the mistake changes, its name)
                        "repeat_interleave on the head dimension, not repeat)"),
     (dict(causal=False), "the causal mask is missing: query i may read keys 0..i only"),
     (dict(scale=False), "divide the scores by sqrt(head_dim) before the softmax"),
+    (dict(o_proj=False), "o_proj is missing: the heads, side by side, go through o_proj before they are added to "
+                         "the stream"),
     (dict(residual=False), "add each sublayer's output to the stream: x = x + attention(norm(x)), then "
                            "x = x + mlp(norm(x))"),
 ]
 
 
 def _refused():
+    from torch.nn.attention import flex_attention  # imported here, so that it is refused even if imported later
+
     llama = sys.modules.get("transformers.models.llama.modeling_llama")
-    return [(Block, "forward"), (Attention, "forward"), attention_module.attention,
+    return [(flex_attention, "flex_attention"), (type(torch.ops.higher_order.flex_attention), "__call__"),
+            (Block, "forward"), (Attention, "forward"), attention_module.attention,
             attention_module.attention_probabilities, attention_module.sdpa_attention,
             (torch.nn.functional, "scaled_dot_product_attention"),
             (getattr(llama, "LlamaAttention", None), "forward"), (getattr(llama, "LlamaDecoderLayer", None), "forward"),
@@ -139,6 +146,12 @@ def check_block(block_forward, model=None) -> str:
                     out = call(block_forward, block, x.clone(), cos.clone(), sin.clone())
             except _LearnerFailed as failed:
                 err = failed.args[0]
+                sizes = {int(n) for n in re.findall(r"\((\d+)\)", str(err))} if isinstance(err, RuntimeError) else set()
+                width = cfg.num_heads * cfg.head_dim
+                expect(width == cfg.hidden_size or not {width, cfg.hidden_size} <= sizes,
+                       f"your code raised {type(err).__name__}: {err}. The heads side by side are {cfg.num_heads} x "
+                       f"{cfg.head_dim} = {width} wide and the stream {cfg.hidden_size}: o_proj brings the heads back "
+                       "to the hidden size before the residual add.")
                 grouped = cfg.num_kv_heads < cfg.num_heads and isinstance(err, RuntimeError) and "size" in str(err)
                 expect(not grouped, f"your code raised {type(err).__name__}: {err}. With {cfg.num_heads} query heads "
                                     f"and {cfg.num_kv_heads} K/V heads, give each query head its K/V head first "
@@ -154,6 +167,8 @@ def check_block(block_forward, model=None) -> str:
             for change, message in MISTAKES:
                 if change.get("tiled") and cfg.num_kv_heads == cfg.num_heads:
                     continue  # one K/V head per query head: the order cannot show
+                if change.get("o_proj") is False and cfg.num_heads * cfg.head_dim != cfg.hidden_size:
+                    continue  # the heads cannot be added to the stream without o_proj (named above, from the error)
                 wrong = block_variant(block, x, cos, sin, **change)
                 expect(not torch.allclose(out.to(wrong.dtype), wrong, **close), message + ".")
             expect(False, f"the stream differs from the block's by up to {(out - right).abs().max():.3g}: "

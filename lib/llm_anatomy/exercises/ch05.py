@@ -14,7 +14,7 @@ import torch
 
 from ..generate import sampling, stops
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
-from ._tiny import Recorder, stop_cases, stopped_on_the_prompt, tiny_model
+from ._tiny import Recorder, stop_as_the_last_token, stop_cases, stopped_on_the_prompt, tiny_model
 
 def _no_sampler(*names: str, why: str) -> forbidden_all:
     """The library's samplers refused: next_token_probs and the ones named (sample_next calls it)."""
@@ -250,8 +250,14 @@ def check_generate_until_stop(generate_until_stop) -> str:
         expect(got[:prompt_len] != prompt or want[:prompt_len] == prompt,
                f"you returned the prompt too: return only the new tokens, the ones made after the prompt's "
                f"{prompt_len}.")
-        expect(got[:1] == want[:1], f"your first token is {got[:1]}, expected {want[:1]}: take the LAST position's "
-                                    "logits, logits[0, -1] (position 0 predicts the second prompt token).")
+        if got[:1] != want[:1]:
+            with torch.no_grad():
+                picks = model(ids)[0].argmax(-1).tolist()  # the greedy pick at every prompt position
+            expect(not got or got[0] not in picks[:-1], f"your first token is {got[:1]}, expected {want[:1]}: take "
+                                                        "the LAST position's logits, logits[0, -1] (position 0 "
+                                                        "predicts the second prompt token).")
+            expect(False, f"your first token is {got[:1]}, but the highest of the last position's logits is {want[0]}: "
+                          "this loop is greedy, so take the argmax (logits[0, -1].argmax()), do not sample.")
         if len(got) > 1 and len(set(got)) == 1 and len(set(want)) > 1:
             expect(False, f"every token you made is {got[0]}: append each new token to the ids before the next "
                           "call, or the model sees the same text again.")
@@ -263,6 +269,8 @@ def check_generate_until_stop(generate_until_stop) -> str:
         else:
             expect(len(got) == n, f"without a stop token, make exactly max_new_tokens = {n} tokens, not {len(got)}.")
         expect(got == want, f"expected {want}, got {got} (prompt of {prompt_len}, max {n}, stop_ids {sorted(stop_ids)}).")
+        last = stop_as_the_last_token(got, reason, want, why, n)
+        expect(last is None, last or "")
         expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}: 'stop' when "
                               "a stop id ended the loop, 'length' when max_new_tokens did.")
     return "run, pick, append, until a stop or the limit, and say which: what GenerationSession does at every step."

@@ -12,8 +12,9 @@ import torch
 from ..generate import stops
 from ..model.kv_cache import KVCache
 from . import call, exercise, expect, forbidden_all, hint, hints, returned  # noqa: F401  (hint: for the notebook)
-from ._watch import torch_calls
-from ._tiny import Recorder, reference_tokens, stop_cases, stopped_on_the_prompt, tiny_model
+from ._watch import aten_made
+from ._tiny import (Recorder, reference_tokens, stop_as_the_last_token, stop_cases, stopped_on_the_prompt,
+                    tiny_model)
 
 GIB = 2**30
 
@@ -135,6 +136,13 @@ def _no_stop_rule() -> forbidden_all:
 
 _OVERFLOWED = object()  # what the learner's loop "returned" when it overflowed the cache
 
+
+def _fed_as_ids(rec: Recorder) -> None:
+    """Every call must feed ids shaped [batch, seq]: the newest token alone is [1, 1], not [1] or a number."""
+    flat = next((shape for shape in rec.fed if len(shape) != 2), None)
+    expect(flat is None, f"you fed the model ids of shape {list(flat or ())}: it takes [batch, seq], so feed the newest "
+                         "token as [1, 1] (torch.tensor([[next_id]]), or logits[:, -1:].argmax(-1)).")
+
 @exercise
 @hints("Start from your loop of exercise 5.3 and the cached loop above: the stop rule stays, the model calls change.",
        "Make ONE cache before the loop, big enough for the prompt and max_new_tokens; the first call feeds the whole "
@@ -154,9 +162,11 @@ def check_generate_with_cache(generate_with_cache) -> str:
             with _no_stop_rule():
                 out = call(generate_with_cache, rec, ids.clone(), n, set(stop_ids))
         except Exception:
+            _fed_as_ids(rec)
             if not any(shape[1] > 1 for shape in rec.fed[1:]):
                 raise
             out = _OVERFLOWED  # it fed whole sequences into the cache until it overflowed: the checks below say so
+        _fed_as_ids(rec)
         overflowed, out = out is _OVERFLOWED, ([], why) if out is _OVERFLOWED else out
         out = returned(out, "pair", "(the new ids, the reason)")
         got, reason = returned(out[0], "ids", "the new ids"), out[1]
@@ -189,6 +199,8 @@ def check_generate_with_cache(generate_with_cache) -> str:
                                              "(a stop id, or max_new_tokens made) before calling the model again.")
         expect(len(rec.fed) <= len(got), f"{len(got)} tokens need {len(got)} model calls (a prefill and "
                                          f"{len(got) - 1} steps); you made {len(rec.fed)}.")
+        last = stop_as_the_last_token(got, reason, want, why, n)
+        expect(last is None, last or "")
         expect(reason == why, f"the tokens are right, but the reason should be {why!r}, not {reason!r}.")
     return "one prefill, then one token per call: each step's work no longer grows with the text."
 
@@ -206,21 +218,17 @@ def _small_cache(cls, length: int) -> KVCache:
 
 
 class _Copies:
-    """The largest tensor that torch.cat, torch.stack or a clone made while the block ran: an update that copies
-    only the new k and v makes none larger than them."""
-
-    MAKERS = {torch.cat, torch.concat, torch.concatenate, torch.stack, torch.clone, torch.Tensor.clone,
-              torch.Tensor.contiguous}
+    """The largest tensor any torch op allocated while the block ran (cat, stack, dstack, clone, a torch.where over
+    the whole cache, past * 1: whatever made it): an update that writes only the new k and v allocates none larger
+    than them."""
 
     def __enter__(self):
         self.largest = 0
 
-        def seen(func, args, kwargs, out):
-            made = func in self.MAKERS and not (func is torch.Tensor.contiguous and out is args[0])
-            if made and isinstance(out, torch.Tensor):
-                self.largest = max(self.largest, out.numel())
+        def seen(t):
+            self.largest = max(self.largest, t.numel())
 
-        self._watch = torch_calls(seen)
+        self._watch = aten_made(seen)
         self._watch.__enter__()
         return self
 
@@ -278,8 +286,9 @@ def check_cache_update(update) -> str:
                "you return a copy (torch.cat or .clone()): it is right, but copies the whole cache at every layer of "
                "every step. Return a slice of the preallocated tensor, a view: no copy.")
         expect(copies.largest <= k.numel(), f"right, but your update copied {copies.largest} numbers for {k.numel()} "
-                                            "new ones (a clone or torch.cat of the positions already stored, written "
-                                            "back in place): every step of every layer would copy the whole cache. "
+                                            "new ones (the positions already stored were copied, by cat, clone, where "
+                                            "or arithmetic, and written back): every step of every layer would copy "
+                                            "the whole cache. "
                                             "Write only the new k and v: self.keys[layer][:, :, length:end] = k.")
     model = tiny_model()  # the whole model, decoding with the learner's cache, gives the library's tokens
     ids = torch.randint(3, model.cfg.vocab_size, (1, 5), generator=torch.Generator().manual_seed(9))

@@ -54,7 +54,8 @@ def _counted(want: float, got: float, unit: str) -> str:
 def check_decode_work(decode_work) -> str:
     """decode_work(cfg, past, bytes_per_element) -> (FLOPs, bytes) of one decode step, batch 1, after `past` tokens."""
     expect(callable(decode_work), "define decode_work(cfg, past, bytes_per_element) returning (flops, bytes).")
-    library = [(roofline, "forward_work"), (roofline, "block_parameters"), (roofline, "matmul_parameters")]
+    library = [(roofline, "forward_work"), (roofline, "block_parameters"), (roofline, "matmul_parameters"),
+               (roofline, "pass_rows")]  # pass_rows: the table above the exercise, row by row
     for name, cfg in _unseen_configs():
         for past, size in ((1000, 2), (300, 4), (0, 2)):
             with forbidden_all(library, "count the table's rows yourself: the work count is the exercise"):
@@ -211,6 +212,10 @@ def check_predict_step(predict_step_s) -> str:
                     continue
                 where = f"for batch {b} at context {c} on {machine}, {model}"
                 for wrong, message in [
+                        (max((w + b * (c + 1) * kv) / bw, compute), "use context, not context + 1: here `context` is "
+                                                                    "every position each sequence's cache holds (the "
+                                                                    "table's column), so the bytes are weights + "
+                                                                    "batch x context x kv_bytes_per_token."),
                         (max((w + c * kv) / bw, compute), "each sequence reads its OWN cache: multiply the KV bytes "
                                                           "by the batch as well as the context."),
                         (max((b * w + b * c * kv) / bw, compute), "the weights are read once per step for the whole "
@@ -226,7 +231,8 @@ def check_predict_step(predict_step_s) -> str:
                                                "read too."),
                         (min(memory, compute), "a floor is the LARGER of the two: the step cannot beat either one.")]:
                     expect(not _close(got, wrong, 1e-6), f"{where}: {message}")
-                expect(False, f"{where} the floor is {want * 1e3:.3f} ms (bytes {memory * 1e3:.3f} ms, FLOPs "
-                              f"{compute * 1e3:.3f} ms), you predicted {got * 1e3:.3f} ms.")
+                digits = next(n for n in range(3, 12) if f"{want * 1e3:.{n}f}" != f"{got * 1e3:.{n}f}" or n == 11)
+                expect(False, f"{where} the floor is {want * 1e3:.{digits}f} ms (bytes {memory * 1e3:.{digits}f} ms, "
+                              f"FLOPs {compute * 1e3:.{digits}f} ms), you predicted {got * 1e3:.{digits}f} ms.")
     expect(regimes == {"memory", "compute"}, "internal: the cases should cover both floors.")
     return "the weights are shared by the batch, the caches are not: the table below is this formula, measured."
