@@ -18,9 +18,11 @@ the activations' dtype; tinygemm on a GPU takes bf16. pack() gives them bf16 by 
 matmul turns its input to that dtype and its output back, while the residual stream, the norms, attention (torch's
 fused SDPA) and the KV cache stay fp32, as llama.cpp keeps its activations in fp32 between kernels (on a CPU, fp32's
 small ops run several times faster than bf16's). Whether bf16 activations pay for the packed matmul itself is
-measured, not assumed: notebook 09 times pack(model, fmt) with bf16 and with fp32 activations in turns. The LM head stays at 8 bits, as the course's file keeps it (Q8_0). `pack(model, "int8")` gives
-a ScratchLlama with fused projections (fused.py) whose every matmul is packed: the same prefill, decode_step and
-generate_greedy run it.
+measured, not assumed: notebook 09 times pack(model, fmt) with bf16 and with fp32 activations in turns (on the
+2-core test machine, busy, fp32 activations made the int8 step 3.4-4.7x and the int4 step 10-15x slower: these
+kernels' fp32 paths are far slower than their bf16 ones). The LM head stays at 8 bits, as the course's file keeps it
+(Q8_0). `pack(model, "int8")` gives a ScratchLlama with fused projections (fused.py) whose every matmul is packed:
+the same prefill, decode_step and generate_greedy run it.
 
 What these kernels do not do, and llama.cpp's CPU kernels do: quantize the activations too (to int8 per block of
 32), multiply int8 by int8 with integer dot-product instructions (AVX2's maddubs, AVX-VNNI, ARM's sdot), and run one
