@@ -8,6 +8,7 @@ or downloaded.
 from __future__ import annotations
 
 import os
+import json
 import re
 import subprocess
 import sys
@@ -93,6 +94,19 @@ def test_the_timing_table_covers_every_notebook():
     assert NOTEBOOKS
     missing = [p.name for p in NOTEBOOKS if p.name[:2] not in rows]
     assert not missing, f"INSTRUCTOR.md has no timing row for {missing}"
+
+
+def test_the_timing_table_states_each_notebooks_own_time():
+    """The full-day column's minutes (or the homework's) are the notebook's own **Time** estimate."""
+    text = (WORKSHOP / "INSTRUCTOR.md").read_text()
+    for path in NOTEBOOKS:
+        opening = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"][:8])
+        stated = re.search(r"\*\*Time\.\*\* About (\d+) minutes", opening)
+        row = re.search(rf"^\| {path.name[:2]} .*\|([^|]*)\|\s*$", text, flags=re.M)
+        assert stated and row, f"{path.name}: no **Time** estimate at the top, or no row in INSTRUCTOR.md"
+        planned = re.search(r"(\d+) min", row.group(1))
+        assert planned and planned.group(1) == stated.group(1), \
+            f"{path.name} states {stated.group(1)} minutes; INSTRUCTOR.md's full day gives {row.group(1).strip()!r}"
 
 
 def test_every_solution_module_has_its_checks():

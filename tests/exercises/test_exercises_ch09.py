@@ -3,6 +3,8 @@ mistakes get a message that names them."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from exercise_helpers import load_solutions, not_yet, unattempted
@@ -92,6 +94,21 @@ def test_int8_and_kl_mistakes():
     not_yet(ch09.check_int8_per_channel(int8, summed_kl), "average over the positions")
     not_yet(ch09.check_int8_per_channel(int8, lambda a, b: float((a.softmax(-1) - b.softmax(-1)).abs().sum())),
             "log-softmax")
+    not_yet(ch09.check_int8_per_channel(int8, lambda a, b: solutions.kl(a, b) / math.log(2)), "in bits")
+
+
+def test_int8_kl_from_torch_distributions_is_refused():
+    def library_kl(ref, other):
+        from torch.distributions import Categorical, kl_divergence
+
+        return float(kl_divergence(Categorical(logits=ref), Categorical(logits=other)).mean())
+
+    def library_kl_by_module(ref, other):
+        return float(torch.distributions.kl.kl_divergence(torch.distributions.Categorical(logits=ref),
+                                                          torch.distributions.Categorical(logits=other)).mean())
+
+    not_yet(ch09.check_int8_per_channel(solutions.quantize_int8, library_kl), "kl_divergence")
+    not_yet(ch09.check_int8_per_channel(solutions.quantize_int8, library_kl_by_module), "kl_divergence")
 
 
 def test_greedy_verify_mistakes():
@@ -109,6 +126,10 @@ def test_greedy_verify_mistakes():
         kept, _ = solutions.verify(logits, drafts)
         return kept, int(logits[-1].argmax())
 
+    def correction_counted_as_kept(logits, drafts):  # the model's own token counted among the drafts kept
+        kept, token = solutions.verify(logits, drafts)
+        return (kept + 1 if kept < len(drafts) else kept), token
+
     def the_rejected_draft(logits, drafts):
         kept, token = solutions.verify(logits, drafts)
         return kept, drafts[kept] if kept < len(drafts) else token
@@ -117,6 +138,7 @@ def test_greedy_verify_mistakes():
     not_yet(ch09.check_greedy_verify(counts_every_match), "stop at the first rejected draft")
     not_yet(ch09.check_greedy_verify(bonus_from_the_last_row), "logits[kept]")
     not_yet(ch09.check_greedy_verify(the_rejected_draft), "argmax(logits[")
+    not_yet(ch09.check_greedy_verify(correction_counted_as_kept), "the correction is not a kept draft")
     not_yet(ch09.check_greedy_verify(lambda logits, drafts: len(drafts)), "(kept, token)")
     assert ch09.check_greedy_verify(lambda lg, d: [torch.tensor(x) for x in solutions.verify(lg, d)]).passed  # tensors
 
@@ -141,6 +163,25 @@ def test_online_softmax_mistakes():
     not_yet(ch09.check_online_update(upside_down), "upside down")
     not_yet(ch09.check_online_update(forgets_o), "o: rescale")
     not_yet(ch09.check_online_update(lambda m, l, o, s, v: (m, l)), "three things", "(m, l, o)")
+
+
+def test_online_update_takes_flashattention_1s_normalised_output():
+    def normalised(m, l, o, scores, v):  # FlashAttention-1 keeps o divided by l after every block
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        rescale, p = torch.exp(m - m_new), torch.exp(scores - m_new)
+        l_new = l * rescale + p.sum(-1, keepdim=True)
+        return m_new, l_new, (o * l * rescale + p @ v) / l_new
+
+    def normalised_without_rescale(m, l, o, scores, v):
+        m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+        p = torch.exp(scores - m_new)
+        l_new = l * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+        return m_new, l_new, (o * l + p @ v) / l_new
+
+    verdict = ch09.check_online_update(normalised)
+    assert verdict.passed and "normalised" in verdict.message, verdict.message
+    assert "normalised" not in ch09.check_online_update(solutions.online_update).message
+    not_yet(ch09.check_online_update(normalised_without_rescale), "o: rescale")
 
 
 def test_speculative_rule_mistakes():

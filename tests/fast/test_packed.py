@@ -50,6 +50,23 @@ def test_a_packed_projection_multiplies_by_its_dequantized_weights(fmt):
     assert per_weight == (1 + 2 / 192 if fmt == "int8" else 0.5 + 4 / 32)  # codes + bf16 scale (and zero)
 
 
+@needs_kernels
+@pytest.mark.parametrize("fmt", packed.FORMATS)
+def test_the_cpu_kernels_take_fp32_and_fp16_activations_too(fmt):
+    # PyTorch 2.13's CPU kernels take fp32, bf16 and fp16 inputs, the scales in the same dtype: not bf16 only
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(96, 192, generator=g) * 0.05  # [out, in]
+    x = torch.randn(5, 192, generator=g)  # [tokens, in] fp32
+    want = x @ packed.dequantized_reference(w, fmt, 32).T  # bf16-rounded scales: within a part in a hundred
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        layer = packed.PackedProjection(w, fmt, 32, activations=dtype)
+        got = layer(x)  # fp32 in and out; the kernel multiplies in `dtype`
+        assert got.dtype == torch.float32 and layer.activations == dtype
+        assert ((got - want).abs().max() / want.abs().max()) < 0.01, dtype
+    with pytest.raises(CourseError, match="bf16, fp16 or fp32"):
+        packed.PackedProjection(w, fmt, 32, activations=torch.float64)
+
+
 def test_bad_input_is_refused_in_one_sentence():
     w = torch.randn(64, 96)
     with pytest.raises(CourseError, match="int3"):

@@ -3,6 +3,7 @@ prompt-lookup generation; the accept-or-resample rule keeps the model's distribu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -255,6 +256,28 @@ def test_the_cost_model_prices_each_round_at_its_own_width():
     assert best_draft_length(0.9, 0.01) > best_draft_length(0.9, 0.3) >= best_draft_length(0.5, 0.3)
     with pytest.raises(CourseError, match="cost c"):
         leviathan_speedup(0.5, 2, -1)
+
+
+def test_the_best_draft_length_takes_the_measured_pass_costs():
+    from llm_anatomy.fast.speculative import best_draft_length, leviathan_speedup
+
+    # a free draft, almost always accepted: with every pass at one step, the longest draft wins
+    assert best_draft_length(0.95, 0.0) == 16
+    # the same passes priced as measured, a pass over n tokens costing about n / 4 steps past 4 tokens: shorter wins
+    widths, costs = [1, 3, 5, 9, 17], [1.0, 1.1, 1.4, 2.4, 4.4]
+    best = best_draft_length(0.95, 0.0, widths=widths, pass_costs=costs)
+    assert best < 16
+    assert leviathan_speedup(0.95, best, 0.0, float(np.interp(best + 1, widths, costs))) > leviathan_speedup(
+        0.95, 16, 0.0, 4.4)
+    # flat measured costs give Leviathan's answer back; k stops at the widest pass timed (no extrapolation)
+    assert best_draft_length(0.95, 0.0, widths=[1, 17], pass_costs=[1.0, 1.0]) == 16
+    assert best_draft_length(0.95, 0.0, widths=[1, 9], pass_costs=[1.0, 1.0]) == 8
+    # a pass over n tokens costing n steps (compute-bound): a draft never pays more than its first token
+    assert best_draft_length(0.95, 0.0, widths=[1, 17], pass_costs=[1.0, 17.0]) == 1
+    with pytest.raises(CourseError, match="increasing widths from 1"):
+        best_draft_length(0.9, 0.0, widths=[3, 9], pass_costs=[1.0, 2.0])
+    with pytest.raises(CourseError, match="increasing widths from 1"):
+        best_draft_length(0.9, 0.0, widths=[1, 9], pass_costs=None)
 
 
 # --------------------------------------------------------------------------- C18's checks in false worlds

@@ -110,6 +110,25 @@ def test_bytes_by_count():
     assert attention_bytes(n, n, 9, 3, 64) > 20 * attention_bytes(n, n, 9, 3, 64, tiled=True, block_q=256)
 
 
+def test_our_tiles_write_their_scores_to_memory():
+    from llm_anatomy.fast.tiled_attention import tiled_score_bytes
+    from llm_anatomy.measure.roofline import naive_score_bytes
+
+    # no mask: every tile visited, 32 bytes per score (q.k writes, amax reads, shift and exp read and write, sum and
+    # p @ v read)
+    assert tiled_score_bytes(8, 8, 2, block_q=4, block_k=4, causal=False) == 2 * 8 * 8 * 32
+    # tiles of one score never cross the diagonal: the causal half, 32 bytes each; no more than the plain attention
+    assert tiled_score_bytes(8, 8, 2, block_q=1, block_k=1) == 2 * (8 * 9 // 2) * 32
+    assert naive_score_bytes(4) == 32
+    # one tile over everything: the whole square, masked (8 bytes more a score)
+    assert tiled_score_bytes(8, 8, 2, block_q=8, block_k=8) == 2 * 64 * 40
+    # a long prefill: about half the plain attention's score bytes, far from the fused kernel's none
+    n, plain_scores = 4096, 9 * 4096 * 4096 * naive_score_bytes(4)
+    assert 0.45 * plain_scores < tiled_score_bytes(n, n, 9) < 0.6 * plain_scores
+    with pytest.raises(CourseError, match="block"):
+        tiled_score_bytes(8, 8, 2, block_k=0)
+
+
 def test_peak_memory_grows_with_the_square_for_plain_and_linearly_for_tiled():
     sizes, plain, tiled = (256, 512), [], []
     for n in sizes:

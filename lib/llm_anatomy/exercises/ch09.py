@@ -113,7 +113,8 @@ def check_int8_per_channel(quantize_int8, kl) -> str:
 
     expect(callable(quantize_int8) and callable(kl), "define quantize_int8(w) and kl(ref_logits, other_logits).")
     library = [(quantize, "quantize_int8_per_channel"), (quantize, "fake_quantize"), (quality, "logit_kl"),
-               (torch, "quantize_per_channel"), (torch.nn.functional, "kl_div")]
+               (torch, "quantize_per_channel"), (torch.nn.functional, "kl_div"),
+               (torch.distributions.kl, "kl_divergence")]  # Categorical's KL, under any name it is reached by
     for w, x in _matrices(seed=2410):
         with forbidden_all(library, "scale, round and measure yourself: the quantizer and the KL are the exercise"):
             codes, scale = (returned(t, "tensor", "codes and scale") for t in
@@ -147,6 +148,9 @@ def check_int8_per_channel(quantize_int8, kl) -> str:
                    "that is KL(other || ref): weigh by the reference's probabilities, p_ref * (log p_ref - log p_other).")
             expect(not near(got_kl, want_kl * ref_logits.shape[0]), "average over the positions (the rows), not "
                                                                      "their sum.")
+            expect(not near(got_kl, want_kl / np.log(2)), "that is the KL in bits (log base 2): the exercise wants "
+                                                         "nats, the natural log (torch.log, log_softmax), as the "
+                                                         "notebook's tables print it; bits = nats / ln 2.")
             expect(False, f"KL(ref || other) here is {want_kl:.3e} nats, yours {got_kl:.3e}: use log-softmax of both "
                           "logits and sum over the vocabulary.")
         shared = w.abs().max() / 127  # per-tensor: the outlier rows set everyone's step
@@ -158,7 +162,7 @@ def check_int8_per_channel(quantize_int8, kl) -> str:
 def _verify_cases():
     """(logits [k + 1, vocab], drafts [k]) the notebook never shows: a rejection early, late, none; matches after one."""
     g = torch.Generator().manual_seed(2411)
-    for k, kept, after in ((4, 2, True), (3, 0, True), (5, 5, False), (1, 1, False), (6, 3, True)):
+    for k, kept, after in ((3, 0, True), (4, 2, True), (5, 5, False), (1, 1, False), (6, 3, True)):
         logits = torch.randn(k + 1, 40, generator=g)  # [k + 1, vocab]
         best = logits.argmax(-1).tolist()
         drafts = best[:kept] + [(best[kept] + 1) % 40] * (kept < k)  # the first `kept` agree, then one does not
@@ -184,7 +188,11 @@ def check_greedy_verify(verify) -> str:
         n, token = returned(got[0], "whole", "the number of drafts kept"), returned(got[1], "id", "the token")
         best = logits.argmax(-1).tolist()
         shifted = next((i for i in range(len(drafts)) if drafts[i] != best[i + 1]), len(drafts))
-        if n != kept:
+        if n != kept:  # the correction returned as the token, and counted among the kept drafts as well:
+            expect(not (n == kept + 1 and kept < len(drafts) and token == best[kept] != best[n]),
+                   f"you kept {n}, one more than the {kept} drafts that agree before the first rejection: the "
+                   "correction is not a kept draft. kept counts only drafts equal to the model's choice; the "
+                   "model's own token after them, argmax(logits[kept]), is the second thing you return.")
             expect(not (n == shifted and shifted != kept), "off by one: logits[i] already predicts the token after "
                                                            "draft i - 1, so compare draft i with logits[i].argmax().")
             expect(n != sum(d == b for d, b in zip(drafts, best)), "stop at the first rejected draft: the drafts after "
@@ -213,7 +221,7 @@ def check_online_update(online_update) -> str:
     scores, v = torch.randn(3, 24, generator=g) * 4, torch.randn(24, 5, generator=g)  # 3 queries, 24 keys
     scores[:, 16:] += 6  # the last block holds the largest scores: the old sums must shrink
     ours = (torch.full((3, 1), float("-inf")), torch.zeros(3, 1), torch.zeros(3, 5))
-    state = ours
+    state, normalised = ours, None
     for start in range(0, 24, 8):
         block = (scores[:, start:start + 8], v[start:start + 8])
         ref = online_softmax_update(*ours, *block)
@@ -233,8 +241,19 @@ def check_online_update(online_update) -> str:
                    "the rescale factor is upside down: exp(m_old - m_new), which is at most 1, not exp(m_new - m_old).")
         expect(torch.allclose(l, ref[1], rtol=1e-4), "l: rescale the old sum by exp(m_old - m_new), then add "
                                                      "exp(scores - m_new) summed over the block.")
-        expect(torch.allclose(o, ref[2], rtol=1e-4, atol=1e-5), "o: rescale the old o the same way as l, then add "
-                                                                "exp(scores - m_new) @ v.")
+        if normalised is None:  # the first block sets the convention: o as a sum (FlashAttention-2) or divided by l
+            normalised = not torch.allclose(o, ref[2], rtol=1e-4, atol=1e-5) and torch.allclose(
+                o, ref[2] / ref[1], rtol=1e-4, atol=1e-5)
+        want_o = ref[2] / ref[1] if normalised else ref[2]
+        expect(torch.allclose(o, want_o, rtol=1e-4, atol=1e-5),
+               "o: rescale the old o the same way as l, then add exp(scores - m_new) @ v"
+               + (" (you keep o divided by l, as FlashAttention-1 does: then o_new = (o * l * exp(m_old - m_new) + "
+                  "exp(scores - m_new) @ v) / l_new)." if normalised else "."))
         ours, state = ref, (m, l, o)
-    expect(torch.allclose(state[2] / state[1], torch.softmax(scores, -1) @ v, atol=1e-5), "o / l should equal softmax @ v.")
-    return "three blocks folded one at a time give softmax(scores) @ v exactly, without ever holding all the scores."
+    out = state[2] if normalised else state[2] / state[1]
+    expect(torch.allclose(out, torch.softmax(scores, -1) @ v, atol=1e-5),
+           "o should equal softmax @ v." if normalised else "o / l should equal softmax @ v.")
+    return ("three blocks folded one at a time give softmax(scores) @ v exactly, without ever holding all the scores"
+            + ("; you kept o normalised (divided by l after every block), as FlashAttention-1 does: valid, and the "
+               "output needs no division at the end, at the price of a division per block (FlashAttention-2 keeps "
+               "the sum, as the notebook does, and divides once)." if normalised else "."))

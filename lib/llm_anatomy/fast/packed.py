@@ -4,21 +4,25 @@ Fake quantization (quantize.py) shows what rounding the weights costs in quality
 computes in fp32 with every weight stored at 4 bytes. Time falls only where a matmul kernel reads the codes
 themselves and turns them into numbers on the fly. PyTorch ships such kernels (the ones gpt-fast and torchao call):
 
-    int8, CPU:  torch._weight_int8pack_mm(x bf16 [m, k], codes int8 [n, k], scale bf16 [n])
+    int8, CPU:  torch._weight_int8pack_mm(x [m, k], codes int8 [n, k], scale [n], in x's dtype)
     int8, GPU:  F.linear(x, codes.to(x.dtype)) * scale, gpt-fast's form: torch.compile fuses the conversion into
                 the matmul; run eagerly it converts the whole matrix at every call (more bytes than bf16, not fewer)
     int4, CPU:  torch._convert_weight_to_int4pack_for_cpu(codes int32 [n, k], 1) once, then
-                torch._weight_int4pack_mm_for_cpu(x bf16, packed, group_size, scales_and_zeros bf16 [k / group, n, 2])
+                torch._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros [k / group, n, 2], x's dtype)
     int4, GPU:  torch._convert_weight_to_int4pack(codes uint8 [n, k / 2], inner_k_tiles) once, then
                 torch._weight_int4pack_mm (tinygemm; compute capability 8.0 or newer)
 
 int4 uses tinygemm's convention, weight = (code - 8) * scale + zero with zero = minimum + 8 * scale: the grid of
-Q4_1's d * code + m. These kernels multiply bf16 activations (they take no fp32): each packed matmul turns its input
-to bf16 and its output back, while the residual stream, the norms, attention (torch's fused SDPA) and the KV cache
-stay fp32, as llama.cpp keeps its activations in fp32 between kernels (on a CPU, fp32's small ops run several times
-faster than bf16's). The LM head stays at 8 bits, as the course's file keeps it (Q8_0). `pack(model, "int8")` gives
-a ScratchLlama with fused projections (fused.py) whose every matmul is packed: the same prefill, decode_step and
-generate_greedy run it.
+Q4_1's d * code + m. On a CPU both kernels take fp32, bf16 or fp16 activations (PyTorch 2.13), with the scales in
+the activations' dtype; tinygemm on a GPU takes bf16. pack() gives them bf16 by default (`activations=`): each packed
+matmul turns its input to that dtype and its output back, while the residual stream, the norms, attention (torch's
+fused SDPA) and the KV cache stay fp32, as llama.cpp keeps its activations in fp32 between kernels (on a CPU, fp32's
+small ops run several times faster than bf16's). Whether bf16 activations pay for the packed matmul itself is
+measured, not assumed: notebook 09 times pack(model, fmt) with bf16 and with fp32 activations in turns (on the
+2-core test machine, busy, fp32 activations made the int8 step 3.4-4.7x and the int4 step 10-15x slower: these
+kernels' fp32 paths are far slower than their bf16 ones). The LM head stays at 8 bits, as the course's file keeps it
+(Q8_0). `pack(model, "int8")` gives a ScratchLlama with fused projections (fused.py) whose every matmul is packed:
+the same prefill, decode_step and generate_greedy run it.
 
 What these kernels do not do, and llama.cpp's CPU kernels do: quantize the activations too (to int8 per block of
 32), multiply int8 by int8 with integer dot-product instructions (AVX2's maddubs, AVX-VNNI, ARM's sdot), and run one
@@ -39,7 +43,8 @@ from .fused import Projection, fuse, sdpa_attend
 from .quantize import int4_codes, quantize_int8_per_channel
 
 FORMATS = ("int8", "int4")
-ACTIVATIONS = torch.bfloat16  # what the packed kernels multiply by
+ACTIVATIONS = torch.bfloat16  # what the packed kernels multiply by, unless pack(activations=) says otherwise
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the CPU kernels take (PyTorch 2.13)
 READS_CODES = ("torch._weight_int8pack_mm", "torch._weight_int4pack_mm_for_cpu", "torch._weight_int4pack_mm")
 DEQUANTIZES_EACH_CALL = "F.linear(x, codes.to(x.dtype)) * scale"  # int8 on a GPU without the packed op, run eagerly
 
@@ -50,22 +55,29 @@ def _int4_tiles(k: int) -> int:
 
 
 class PackedProjection(Projection):
-    """y = x @ W.T with W held as int8 codes (one bf16 scale a row) or int4 codes (a scale and a zero a group).
+    """y = x @ W.T with W held as int8 codes (one scale a row) or int4 codes (a scale and a zero a group).
 
-    weight: the fp32 matrix [out, in] to pack; fmt "int8" or "int4"; group_size for int4 (it must divide `in`).
+    weight: the fp32 matrix [out, in] to pack; fmt "int8" or "int4"; group_size for int4 (it must divide `in`);
+    activations: the dtype the kernel multiplies in (bf16 by default; fp16 or fp32 on a CPU), its scales held in it.
     `kernel` names what runs; `nbytes` is what a call reads of the weights (codes, scales and zeros).
     """
 
-    def __init__(self, weight: torch.Tensor, fmt: str = "int8", group_size: int = 32):
+    def __init__(self, weight: torch.Tensor, fmt: str = "int8", group_size: int = 32,
+                 activations: torch.dtype = ACTIVATIONS):
         nn.Module.__init__(self)
         if fmt not in FORMATS:
             raise CourseError(f"Packed formats are {', '.join(FORMATS)}, not {fmt!r}.")
         device, (out_f, in_f) = weight.device, weight.shape
+        if activations not in ACTIVATION_DTYPES or (device.type != "cpu" and fmt == "int4"
+                                                    and activations != torch.bfloat16):
+            raise CourseError(f"The packed kernels multiply in bf16, fp16 or fp32 on a CPU (bf16 only for int4 on a "
+                              f"GPU), not {activations} on {device.type}.")
         self.fmt, self.group_size, self.out_features, self.layout = fmt, group_size, out_f, "packed"
+        self.activations = activations
         if fmt == "int8":
             codes, scale = quantize_int8_per_channel(weight)  # [out, in] int8, [out] fp32
             self.register_buffer("codes", codes)
-            self.register_buffer("scale", scale.to(ACTIVATIONS))  # [out]
+            self.register_buffer("scale", scale.to(activations))  # [out]
             self.kernel = READS_CODES[0] if _int8_op_runs(device) else DEQUANTIZES_EACH_CALL
         else:
             codes, scale, minimum = int4_codes(weight, group_size)  # [out, in] uint8 in 0..15, [out, groups] fp32
@@ -73,7 +85,7 @@ class PackedProjection(Projection):
             if device.type != "cpu" and not tiles:
                 raise CourseError(f"tinygemm needs the row length to be a multiple of 32; {in_f} is not.")
             zero = minimum + 8 * scale  # (code - 8) * scale + zero = code * scale + minimum
-            self.register_buffer("scales_and_zeros", torch.stack([scale.T, zero.T], -1).contiguous().to(ACTIVATIONS))
+            self.register_buffer("scales_and_zeros", torch.stack([scale.T, zero.T], -1).contiguous().to(activations))
             if device.type == "cpu":  # [k / group, n, 2] above; the packed codes below
                 self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(codes.int(), 1))
                 self.kernel = "torch._weight_int4pack_mm_for_cpu"
@@ -84,7 +96,7 @@ class PackedProjection(Projection):
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).to(ACTIVATIONS)  # [tokens, in], in the kernels' bf16
+        rows = x.reshape(-1, x.shape[-1]).to(self.activations)  # [tokens, in], in the kernels' dtype (bf16 by default)
         if self.fmt == "int8":
             if self.kernel == "torch._weight_int8pack_mm":
                 y = torch._weight_int8pack_mm(rows, self.codes, self.scale)
@@ -98,10 +110,11 @@ class PackedProjection(Projection):
 
     def dequantized(self) -> torch.Tensor:
         """The weights the kernel multiplies by, fp32 [out, in]: code * scale, or (code - 8) * scale + zero (for int4
-        read out of the kernel itself, so rounded to bf16)."""
+        read out of the kernel itself, so rounded to the activations' dtype)."""
         if self.fmt == "int8":
             return self.codes.float() * self.scale.float()[:, None]
-        eye = torch.eye(self.scales_and_zeros.shape[0] * self.group_size, dtype=ACTIVATIONS, device=self.packed.device)
+        eye = torch.eye(self.scales_and_zeros.shape[0] * self.group_size, dtype=self.activations,
+                        device=self.packed.device)
         return self(eye).float().T.contiguous()  # the kernel applied to the identity: each column is one weight row
 
 
@@ -154,12 +167,13 @@ def dequantized_reference(w: torch.Tensor, fmt: str, group_size: int = 32) -> to
     return ((groups - 8) * scale16[..., None] + zero16[..., None]).view(w.shape)
 
 
-def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt: str = "int8") -> ScratchLlama:
+def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt: str = "int8",
+         activations: torch.dtype = ACTIVATIONS) -> ScratchLlama:
     """A ScratchLlama with q/k/v and gate/up fused and every matmul packed in `fmt`, its LM head in `head_fmt`.
 
     The embedding and the norms are the model's own (fp32, shared, not copied), attention is torch's fused SDPA and
-    the KV cache is in the model's dtype; only the packed matmuls compute in bf16. The model given is not changed.
-    group_size: int4's group (it must divide every row: 32 or 64 here).
+    the KV cache is in the model's dtype; only the packed matmuls compute in `activations` (bf16 by default; fp16 or
+    fp32 on a CPU). The model given is not changed. group_size: int4's group (it must divide every row: 32 or 64).
     """
     if not isinstance(model, ScratchLlama):
         raise CourseError("pack() takes a ScratchLlama: build one with ScratchLlama.from_hf(loaded).")
@@ -174,8 +188,8 @@ def pack(model: ScratchLlama, fmt: str = "int8", group_size: int = 32, head_fmt:
         for block in fast.layers:
             for owner, name in ((block.self_attn, "qkv_proj"), (block.self_attn, "o_proj"),
                                 (block.mlp, "gate_up_proj"), (block.mlp, "down_proj")):
-                setattr(owner, name, PackedProjection(getattr(owner, name).weight, fmt, group_size))
-        fast.lm_head = PackedProjection(model.lm_head.weight, head_fmt, group_size)
+                setattr(owner, name, PackedProjection(getattr(owner, name).weight, fmt, group_size, activations))
+        fast.lm_head = PackedProjection(model.lm_head.weight, head_fmt, group_size, activations)
     fast._inv_freq = None
     return fast.eval()
 

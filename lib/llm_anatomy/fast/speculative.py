@@ -290,18 +290,34 @@ def predicted_from_widths(result: SpeculativeResult, widths: list[int], pass_cos
     return (len(result.tokens) - 1) / cost if cost else 1.0
 
 
-def leviathan_speedup(acceptance: float, k: int, c: float) -> float:
+def leviathan_speedup(acceptance: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Leviathan et al. (2023)'s expected speedup, (1 - a^(k+1)) / ((1 - a)(k c + 1)): c is one draft token's cost over
-    one step of the model, and the verify pass is priced as one step (memory-bound: k + 1 tokens cost one read)."""
-    if c < 0:
-        raise CourseError(f"A draft's cost c is a time ratio, 0 or more, not {c}.")
-    return expected_tokens_per_round(acceptance, k) / (k * c + 1)
+    one step of the model, and the verify pass is priced as one step (memory-bound: k + 1 tokens cost one read).
+    verify_cost: the pass over k + 1 tokens in steps where it was measured (1 is Leviathan's assumption)."""
+    if c < 0 or verify_cost <= 0:
+        raise CourseError(f"A draft's cost c is a time ratio, 0 or more, and a pass costs more than 0 steps; not c = "
+                          f"{c}, verify_cost = {verify_cost}.")
+    return expected_tokens_per_round(acceptance, k) / (k * c + verify_cost)
 
 
-def best_draft_length(acceptance: float, c: float, k_max: int = 16) -> int:
+def best_draft_length(acceptance: float, c: float, k_max: int = 16, widths: list[int] | None = None,
+                      pass_costs: list[float] | None = None) -> int:
     """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance
-    rate want long drafts; a costly one, short)."""
-    return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c))
+    rate want long drafts; a costly one, short). Without widths, every verify pass costs one step (Leviathan's
+    assumption). With widths and pass_costs (a pass over that many tokens, measured, in decode steps, as
+    predicted_from_widths takes them), a pass over k + 1 tokens costs what was measured, interpolated between the
+    widths timed; k stops at the widest pass timed (no pass is priced by extrapolation)."""
+    cost = lambda k: 1.0  # noqa: E731
+    if widths is not None or pass_costs is not None:
+        if (widths is None or pass_costs is None or len(widths) != len(pass_costs) or not widths
+                or sorted(widths) != list(widths) or widths[0] != 1 or min(pass_costs) <= 0):
+            raise CourseError("Give measured pass costs as increasing widths from 1 and one positive cost each, e.g. "
+                              "widths=[1, 3, 9], pass_costs=[1.0, 1.2, 1.9].")
+        k_max = min(k_max, widths[-1] - 1)
+        cost = lambda k: float(np.interp(k + 1, widths, pass_costs))  # noqa: E731
+    if k_max < 1:
+        raise CourseError(f"Draft lengths start at 1; k_max = {k_max} leaves none (time a pass over 2 tokens or more).")
+    return max(range(1, k_max + 1), key=lambda k: leviathan_speedup(acceptance, k, c, cost(k)))
 
 
 def same_greedy_tokens(plain: list[int], others: dict[str, list[int]]) -> tuple[bool, str]:
