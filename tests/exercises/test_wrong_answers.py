@@ -714,3 +714,23 @@ def test_8_3_keys_that_ignore_a_blocks_contents_or_their_order_are_refused(summa
 
 def test_8_3_keys_short_enough_to_collide_are_refused():
     not_yet(ch08.check_block_keys(_cut_to_two_hex_digits), "collide", "another's K and V")
+
+
+def test_8_3_keys_cut_short_enough_to_pass_600_prefixes_are_refused_all_the_same():
+    def cut_to_8(tokens, block_size):
+        keys, parent = [], ""
+        for start in range(0, len(tokens) - block_size + 1, block_size):
+            parent = hashlib.sha256((parent + str(tokens[start:start + block_size])).encode()).hexdigest()[:8]
+            keys.append(parent)
+        return keys
+
+    not_yet(ch08.check_block_keys(cut_to_8), "too short", "whole")
+
+    def raw_digests(tokens, block_size):  # the whole digest as bytes passes
+        keys, parent = [], b""
+        for start in range(0, len(tokens) - block_size + 1, block_size):
+            parent = hashlib.sha256(parent + str(tokens[start:start + block_size]).encode()).digest()
+            keys.append(parent)
+        return keys
+
+    assert ch08.check_block_keys(raw_digests).passed

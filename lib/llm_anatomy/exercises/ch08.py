@@ -272,6 +272,11 @@ def check_block_keys(keys_fn) -> str:
     expect(glued[0][0] != glued[1][0], "the blocks [1, 23] and [12, 3] got the same key: write the tokens so that the "
                                        "boundaries between them stay (str(list), ','.join(...) or their bytes), not "
                                        "glued together as '123'.")
+    short = [k for k in got if len(k if isinstance(k, (str, bytes)) else str(k)) < 32]
+    expect(not short, f"a key of {len(short[0]) if short else 0} characters is too short to trust: keep the whole "
+                      "SHA-256 digest (hexdigest(): 64 characters; digest(): 32 bytes). A shorter key lets prefixes "
+                      "collide once enough are cached, and on a shared server a collision hands one user another's K "
+                      "and V.")
     many = _keys(keys_fn, [rng.randint(0, 49151) for _ in range(1200)], 2)  # 600 blocks, 600 different prefixes
     expect(len(set(many)) == len(many),
            f"600 different prefixes got only {len(set(many))} different keys: keys this short collide, and on a shared "
