@@ -376,8 +376,9 @@ def claim_memory_bound(peaks: Peaks, work: Work, traced: float, seconds: float, 
               "no faster than its bytes": seconds >= floor * least,
               "its bytes' reading": seconds <= slack * reading_s}
     failed = [name for name, ok in checks.items() if not ok]
+    verdict = "" if failed else " is bound by its bytes, at the rate the matrix-vector kernel reads them: it"
     return claim("C11", not failed,
-                 f"{what} moves {work.bytes / 1e6:,.1f} MB counted, {traced / 1e6:,.1f} MB traced op by op "
+                 f"{what}{verdict} moves {work.bytes / 1e6:,.1f} MB counted, {traced / 1e6:,.1f} MB traced op by op "
                  f"({off:+.1%}; within {agree:.0%}); {work.intensity:.2f} FLOP/byte against a ridge of "
                  f"{peaks.ridge_intensity:.1f}; it took {seconds * 1e3:.2f} ms = {seconds / least:.2f}x its bytes at "
                  f"the measured {peaks.bytes_per_s / 1e9:.1f} GB/s (at least {floor:.1f}x) and "
