@@ -41,6 +41,7 @@ def environment_report(check_hashes: bool = True) -> dict:
         "dtype": str(default_dtype(device)).removeprefix("torch."),
         "cpu_cores": psutil.cpu_count(logical=True),
         "cpu_threads": str(choose_cpu_threads()),  # what load_model will give torch now, and why
+        "torch_threads_now": torch.get_num_threads(),  # torch's threads before load_model applies the choice
         "ram_total_gb": round(psutil.virtual_memory().total / 1e9, 1),
         "ram_available_gb": round(psutil.virtual_memory().available / 1e9, 1),
         "cache_dir": str(cache_dir()),
@@ -80,7 +81,9 @@ def format_report(report: dict) -> str:
         lines.append(f"{name:<22}{version}")
     lines.append(f"{'device':<22}{report['device']} -> {report['dtype']}")
     lines.append(f"{'CPU cores':<22}{report['cpu_cores']}")
-    lines.append(f"{'CPU threads':<22}{report['cpu_threads']}")
+    now = report.get("torch_threads_now")
+    lines.append(f"{'CPU threads':<22}load_model sets {report['cpu_threads']}"
+                 + (f" (torch's default until then: {now}, as on the device line)" if now is not None else ""))
     lines.append(f"{'RAM':<22}{report['ram_available_gb']} GB free of {report['ram_total_gb']} GB")
     if "gpu_memory_total_gb" in report:
         lines.append(f"{'GPU memory':<22}{report['gpu_memory_free_gb']} GB free of {report['gpu_memory_total_gb']} GB")
