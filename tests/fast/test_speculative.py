@@ -438,3 +438,17 @@ def test_the_params_stop_ids_end_it_and_what_it_cannot_honour_is_refused(tiny):
     for bad in (dict(stop=["x"]), dict(top_logprobs=2)):
         with pytest.raises(CourseError, match="stop strings and top_logprobs"):
             speculative_generate(tiny, ids, 4, PromptLookupDraft(), 2, params=SamplingParams(0.0, **bad))
+
+
+def test_batched_speculation_speedup_follows_the_roofline():
+    from llm_anatomy.fast.speculative import (batched_speculation_speedup, expected_tokens_per_round,
+                                              first_losing_batch)
+    e = expected_tokens_per_round(0.61, 4)  # 2.34 tokens a round
+    assert batched_speculation_speedup(0.61, 4, 1, 6) == pytest.approx(e)  # 5 rows, below the ridge: one step
+    assert batched_speculation_speedup(0.61, 4, 2, 6) == pytest.approx(e / (10 / 6))  # plain still memory-bound
+    assert batched_speculation_speedup(0.61, 4, 100, 6) == pytest.approx(e / 5)  # both compute-bound: k + 1 steps
+    assert first_losing_batch(0.61, 4, 6) == 3  # 15 rows: 2.5 steps for 2.34 tokens
+    assert first_losing_batch(0.99, 1, 6) == 6  # E = 1.99: loses only once the plain step is compute-bound too
+    assert first_losing_batch(1.0, 4, 6) is None  # every draft kept: E = k + 1, never below the pass's cost
+    with pytest.raises(CourseError):
+        batched_speculation_speedup(0.5, 4, 0, 6)

@@ -300,6 +300,23 @@ def leviathan_speedup(acceptance: float, k: int, c: float, verify_cost: float = 
     return expected_tokens_per_round(acceptance, k) / (k * c + verify_cost)
 
 
+def batched_speculation_speedup(acceptance: float, k: int, batch: int, ridge: float) -> float:
+    """Speculation's speedup at batch `batch` by the roofline, with free drafts: a plain step multiplies `batch` rows
+    by every weight and costs max(1, batch / ridge) memory-bound steps; a verify pass brings batch (k + 1) rows and
+    costs max(1, batch (k + 1) / ridge). A round gives E = 1 + a + ... + a^k tokens a sequence, so the speedup is
+    E / (pass cost / plain step cost): E below the ridge, falling towards E / (k + 1) far past it."""
+    if batch < 1 or ridge <= 0:
+        raise CourseError(f"A batch holds 1 sequence or more and a ridge is above 0, not batch = {batch}, "
+                          f"ridge = {ridge}.")
+    pass_cost = max(1.0, batch * (k + 1) / ridge) / max(1.0, batch / ridge)
+    return expected_tokens_per_round(acceptance, k) / pass_cost
+
+
+def first_losing_batch(acceptance: float, k: int, ridge: float, up_to: int = 4096) -> int | None:
+    """The smallest batch at which batched_speculation_speedup drops below 1 (None if none up to `up_to`)."""
+    return next((b for b in range(1, up_to + 1) if batched_speculation_speedup(acceptance, k, b, ridge) < 1 - 1e-9), None)
+
+
 def best_draft_length(acceptance: float, c: float, k_max: int = 16, widths: list[int] | None = None,
                       pass_costs: list[float] | None = None) -> int:
     """The draft length from 1 to k_max that leviathan_speedup puts highest (a cheap draft and a high acceptance

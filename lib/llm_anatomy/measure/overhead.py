@@ -193,10 +193,11 @@ def matmul_share(step, device: torch.device | str = "cpu") -> tuple[float, float
 
 def matmul_share_evidence(wall_s: float, in_matmuls_s: float, bar: float = MATMUL_SHARE_BAR) -> tuple[bool, str]:
     """C20's CPU half: (the matmul ops took more than `bar` of the profiled step, the evidence). Then fusing and
-    compiling, which cut the ops around the matmuls, can save at most the rest."""
+    cutting dispatch, which shrink the ops around the matmuls, can save at most the rest; a faster matmul kernel or
+    another layout of the weights shrinks the matmuls themselves and is not bounded by it."""
     if wall_s <= 0 or in_matmuls_s < 0:
         raise CourseError(f"Give a positive step time and a matmul time >= 0, not {wall_s} and {in_matmuls_s}.")
     share = in_matmuls_s / wall_s
     return share > bar, (f"the matmul ops took {in_matmuls_s * 1e3:.1f} ms of the profiled {wall_s * 1e3:.1f} ms step, "
-                         f"{share:.0%} (bar: more than {bar:.0%}); fusing and compiling cut the ops around them, at "
-                         f"most the other {1 - share:.0%}")
+                         f"{share:.0%} (bar: more than {bar:.0%}); fusing and cutting dispatch can save at most the "
+                         f"other {1 - share:.0%}; a faster matmul kernel or layout is not bounded by it")

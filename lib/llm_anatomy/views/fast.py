@@ -56,7 +56,9 @@ def plot_speculation(draft_lengths, acceptance, measured, predicted, axes=None, 
         right.plot(draft_lengths, from_widths, marker="^", ls="-.", label="predicted from the rounds' own widths")
     right.axhline(1.0, color="grey", lw=1, ls=":")
     right.set(xlabel="draft length k (tokens)", ylabel="speedup over plain decoding (x)", title="Speedup")
-    right.legend(fontsize=8)
+    drawn = [*measured, *predicted, *(from_widths or []), 1.0]
+    right.set_ylim(0, max(drawn) * 1.7)  # headroom above the curves, where the legend sits
+    right.legend(fontsize=8, loc="upper left")
     return axes
 
 
@@ -69,6 +71,10 @@ def plot_peak_memory(lengths, plain_bytes, tiled_bytes, ax=None, sdpa_bytes=None
     if sdpa_bytes is not None:
         ax.loglog(lengths, [b / 1e6 for b in sdpa_bytes], marker="^", ls="--", label="SDPA: PyTorch's fused kernel")
     ax.set(xlabel="prompt length (tokens)", ylabel="peak extra memory (MB)", title="Attention memory, one layer")
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xticks(list(lengths), [str(n) for n in lengths])  # the lengths measured, as plain numbers
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return ax

@@ -30,10 +30,17 @@ def plot_roofline(peaks: Peaks, points: list[RooflinePoint], ax=None, title: str
         here = (np.log10(p.intensity), np.log10(max(y, 1e-12)))
         crowded = sum(abs(here[0] - a) < 0.12 and abs(here[1] - b) < 0.12 for a, b in placed)
         placed.append(here)
-        ax.annotate(str(number), (p.intensity, y), fontsize=7, xytext=(4, 3 - 9 * crowded), textcoords="offset points")
+        # the first number by a point sits to its right, a crowded one to its left, further out each time
+        ax.annotate(str(number), (p.intensity, y), fontsize=7, textcoords="offset points",
+                    xytext=(4, 3) if not crowded else (-5 - 8 * (crowded - 1), 3), ha="left" if not crowded else "right")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attained GFLOP/s")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 1, 2, 5 a decade, as plain numbers
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_title(title or f"Roofline of {peaks.device} ({peaks.dtype})")
     ax.grid(True, which="both", alpha=0.3)
     return ax
