@@ -64,14 +64,15 @@ def greedy_reference(real):
     A batch of one with no padding: the pad id changes nothing. A shorter run of a prompt already run longer with the
     same options is that run's first tokens (greedy: each step sees only the tokens before it, and an end token stops
     both at the same place); only with the options known to keep that (an end token, a repetition penalty): others
-    (min_new_tokens, prompt lookup) may change the steps by the run's length, and run on their own. It runs on the
-    threads the course's policy gives now (one per free core, as load_model chooses), whichever module asks first: a
-    module's one_torch_thread would slow a long run on an idle machine, and two threads slow it on a busy one.
+    (min_new_tokens, prompt lookup) may change the steps by the run's length, and run on their own. Every run takes
+    the threads the course's policy gave when the fixture started (one per free core, as load_model chooses),
+    whichever module asks: a module's one_torch_thread would slow a long run on an idle machine.
     """
     import torch
 
     from llm_anatomy.device import choose_cpu_threads, torch_threads
 
+    threads = choose_cpu_threads().threads  # measured once (0.2 s), not at every run
     done = {}
 
     def reference(ids, new_tokens: int, **options) -> list[int]:
@@ -85,7 +86,7 @@ def greedy_reference(real):
             return done[same, min(longer)][:new_tokens]
         if (same, new_tokens) not in done:
             prompt = torch.tensor([ids])
-            with torch_threads(choose_cpu_threads().threads), torch.inference_mode():
+            with torch_threads(threads), torch.inference_mode():
                 out = real.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                                           do_sample=False, pad_token_id=real.tokenizer.eos_token_id, **options)
             done[same, new_tokens] = out[0, len(ids):].tolist()
