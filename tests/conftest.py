@@ -38,6 +38,64 @@ def real():
 
 
 @pytest.fixture(scope="session")
+def real_scratch(real):
+    """The from-scratch model over the real weights (shared with `real`, no copy), built once for the tests that only
+    run it. A test that swaps its weights or modules builds its own with ScratchLlama.from_hf(real.model)."""
+    from llm_anatomy.model.scratch import ScratchLlama
+
+    return ScratchLlama.from_hf(real.model)
+
+
+@pytest.fixture
+def story_prompt(real):
+    """The chat prompt `[1, seq]` whose greedy tokens test_scratch (128) and test_fused (the first 32 of the same
+    reference) check against transformers."""
+    from llm_anatomy.generate.chat import chat_prompt_ids
+
+    return chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Write a short story about a robot."}])
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(real):
+    """transformers' greedy generate on the real model, run once per prompt for the whole session: several files check
+    their decoding against the same reference. reference(ids, new_tokens, **options) -> the new token ids, a fresh
+    list each time; ids a list or a [1, seq] tensor; options are generate's (eos_token_id=None, repetition_penalty=...).
+
+    A batch of one with no padding: the pad id changes nothing. A shorter run of a prompt already run longer with the
+    same options is that run's first tokens (greedy: each step sees only the tokens before it, and an end token stops
+    both at the same place); only with the options known to keep that (an end token, a repetition penalty): others
+    (min_new_tokens, prompt lookup) may change the steps by the run's length, and run on their own. Every run takes
+    the threads the course's policy gave when the fixture started (one per free core, as load_model chooses),
+    whichever module asks: a module's one_torch_thread would slow a long run on an idle machine.
+    """
+    import torch
+
+    from llm_anatomy.device import choose_cpu_threads, torch_threads
+
+    threads = choose_cpu_threads().threads  # measured once (0.2 s), not at every run
+    done = {}
+
+    def reference(ids, new_tokens: int, **options) -> list[int]:
+        if isinstance(ids, torch.Tensor):
+            assert ids.dim() == 1 or ids.shape[0] == 1, "one prompt at a time"
+            ids = ids.reshape(-1).tolist()
+        ids = [int(i) for i in ids]
+        same = (tuple(ids), tuple(sorted(options.items())))
+        longer = [n for (key, n) in done if key == same and n >= new_tokens]
+        if longer and set(options) <= {"eos_token_id", "repetition_penalty"}:
+            return done[same, min(longer)][:new_tokens]
+        if (same, new_tokens) not in done:
+            prompt = torch.tensor([ids])
+            with torch_threads(threads), torch.inference_mode():
+                out = real.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                          do_sample=False, pad_token_id=real.tokenizer.eos_token_id, **options)
+            done[same, new_tokens] = out[0, len(ids):].tolist()
+        return list(done[same, new_tokens])
+
+    return reference
+
+
+@pytest.fixture(scope="session")
 def reference_tokenizer():
     """The default model's own tokenizer, read from the course's cache (no weights, no network)."""
     from transformers import AutoTokenizer

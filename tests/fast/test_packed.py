@@ -224,13 +224,6 @@ def _speed_check(real_scratch, chat_prompt, models, kernels):
 
 
 @pytest.fixture(scope="module")
-def real_scratch(real):
-    from llm_anatomy.model.scratch import ScratchLlama
-
-    return ScratchLlama.from_hf(real.model)
-
-
-@pytest.fixture(scope="module")
 def chat_prompt(real):
     from llm_anatomy.generate.chat import chat_prompt_ids
 

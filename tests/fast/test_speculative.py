@@ -118,12 +118,12 @@ def test_a_draft_longer_than_asked_is_refused(tiny):
         speculative_generate(tiny, ids, 10, _TooLongDraft(), 4)
 
 
-def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real):
+def test_real_prompt_lookup_equals_transformers_and_plain_decoding(real, real_scratch):
     """transformers' own prompt-lookup generation, ours and plain greedy decoding: the same tokens."""
     from llm_anatomy.generate.chat import chat_prompt_ids
     from llm_anatomy.texts import python_topic
 
-    model = ScratchLlama.from_hf(real.model)
+    model = real_scratch
     text = python_topic("assignment")[:500]
     prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Repeat this text exactly:\n\n" + text}])
     n = 24

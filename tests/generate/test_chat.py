@@ -43,12 +43,11 @@ def test_end_of_turn_ids(reference_tokenizer):
     assert end_of_turn_ids(NoChat()) == end_of_turn_ids(Raises()) == (2,)
 
 
-def test_ask_answers_as_our_own_greedy_loop_does(real):
+def test_ask_answers_as_our_own_greedy_loop_does(real, real_scratch):
     from llm_anatomy.generate.session import generate
-    from llm_anatomy.model.scratch import ScratchLlama
 
     answer = ask(real, "What is the capital of France?", max_new_tokens=12)
-    ours = generate(ScratchLlama.from_hf(real.model), real.tokenizer, "What is the capital of France?", 12)
+    ours = generate(real_scratch, real.tokenizer, "What is the capital of France?", 12)
     assert "Paris" in answer and answer == ours.strip()
     with pytest.raises(CourseError, match="empty"):
         ask(real, "   ")

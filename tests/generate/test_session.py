@@ -11,20 +11,12 @@ from llm_anatomy.generate.chat import chat_prompt_ids
 from llm_anatomy.errors import CourseError
 from llm_anatomy.generate.session import GenerationSession, generate
 from llm_anatomy.generate.sampling import SamplingParams
-from llm_anatomy.model.scratch import ScratchLlama
 from llm_anatomy.serve.batching import Request
 
 
 @pytest.fixture(scope="module")
-def scratch(real):
-    return ScratchLlama.from_hf(real.model)
-
-
-def _reference(real, ids, n):
-    with torch.no_grad():
-        out = real.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=n, do_sample=False, pad_token_id=real.tokenizer.eos_token_id)
-    return out[0, len(ids):].tolist()
+def scratch(real_scratch):
+    return real_scratch  # conftest.py's, shared with other files; the tests here only run it
 
 
 def _state(session):
@@ -37,12 +29,12 @@ def _same_state(a, b):
     return a[:6] == b[:6] and (a[6] is None) == (b[6] is None) and (a[6] is None or torch.equal(a[6], b[6]))
 
 
-def test_greedy_steps_equal_transformers_generate_on_a_chat_prompt(real, scratch):
+def test_greedy_steps_equal_transformers_generate_on_a_chat_prompt(real, scratch, greedy_reference):
     session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=32))
     results = session.generate("What is the capital of France?", chat=True)
     ids = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])[0].tolist()
     assert session.prompt_ids == ids
-    assert session.generated == _reference(real, ids, 32)
+    assert session.generated == greedy_reference(ids, 32)
     assert "Paris" in session.text
     # one model call per token: the prompt once, then one new position per step
     assert [r.fed_tokens for r in results] == [len(ids)] + [1] * (len(results) - 1)
@@ -52,13 +44,13 @@ def test_greedy_steps_equal_transformers_generate_on_a_chat_prompt(real, scratch
         assert session.generated[-1] == real.tokenizer.eos_token_id
 
 
-def test_greedy_steps_equal_transformers_generate_on_a_plain_prompt(real, scratch):
+def test_greedy_steps_equal_transformers_generate_on_a_plain_prompt(real, scratch, greedy_reference):
     prompt = "Once upon a time, in a small village by the sea,"
     session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=32))
     results = session.generate(prompt, chat=False)
     ids = real.tokenizer(prompt)["input_ids"]
     assert session.prompt_ids == ids
-    assert session.generated == _reference(real, ids, 32)
+    assert session.generated == greedy_reference(ids, 32)
     assert len(results) == 32 and results[-1].stop_reason == "length"
     assert generate(scratch, real.tokenizer, prompt, max_new_tokens=5, chat=False) == \
         real.tokenizer.decode(session.generated[:5], skip_special_tokens=True)
@@ -198,17 +190,14 @@ def test_the_stepper_benchmark_prints_its_figures(real, capsys):
     assert figures["step_click_median_ms"] >= figures["step_model_median_ms"] and figures["target_step_ms"] == 150.0
 
 
-def test_a_repetition_penalty_in_the_session_gives_transformers_tokens(real, scratch):
+def test_a_repetition_penalty_in_the_session_gives_transformers_tokens(real, scratch, greedy_reference):
     from llm_anatomy.generate.penalties import Penalties
 
     ids = real.tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
     session = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, repetition_penalty=1.5,
                                                                                     max_tokens=12))
     session.generate(ids)
-    with torch.no_grad():
-        want = real.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   max_new_tokens=12, do_sample=False, repetition_penalty=1.5,
-                                   pad_token_id=real.tokenizer.eos_token_id)[0, len(ids):].tolist()
+    want = greedy_reference(ids, 12, repetition_penalty=1.5)
     assert session.generated == want[:len(session.generated)]
     plain = GenerationSession(scratch, real.tokenizer, SamplingParams(0.0, max_tokens=12))
     plain.generate(ids)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from llm_anatomy import CourseError
-from llm_anatomy.generate.chat import chat_prompt_ids
 from llm_anatomy.generate.decode import greedy_tokens
 from llm_anatomy.measure.exactness import (cached_differences, eager_difference, full_difference, greedy_matches,
                                            natural_text_ids, padded_differences, padded_prompts)
@@ -218,51 +217,50 @@ def test_bad_inputs_are_refused_clearly():
 # ------------------------------------------------------------------ the real model, CPU fp32
 
 
-def test_real_full_forward_within_1e_4(real):
-    ours = ScratchLlama.from_hf(real.model)
+def test_real_full_forward_within_1e_4(real, real_scratch):
+    ours = real_scratch
     for n in [128, 512]:
         assert full_difference(real.model, ours, natural_text_ids(real.tokenizer, n)) < 1e-4
     for text in PROMPTS[:2]:
         assert full_difference(real.model, ours, torch.tensor([real.tokenizer.encode(text)])) < 1e-4
 
 
-def test_real_model_matches_the_written_out_reference_bit_for_bit(real):
+def test_real_model_matches_the_written_out_reference_bit_for_bit(real, real_scratch):
     """Even on 512 random tokens (far from normal text), we equal transformers' eager attention path."""
-    ours = ScratchLlama.from_hf(real.model)
+    ours = real_scratch
     ids = torch.randint(0, real.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
     assert eager_difference(real.model, ours, ids) < 1e-5
     assert real.model.config._attn_implementation == "sdpa"  # put back for the other tests
 
 
-def test_real_sdpa_path_equals_the_plain_path_within_1e_4(real):
-    plain, fused = ScratchLlama.from_hf(real.model), ScratchLlama.from_hf(real.model, attention="sdpa")
+def test_real_sdpa_path_equals_the_plain_path_within_1e_4(real, real_scratch):
+    plain, fused = real_scratch, ScratchLlama.from_hf(real.model, attention="sdpa")
     ids = natural_text_ids(real.tokenizer, 256)
     with torch.no_grad():
         assert (fused(ids, logits_to_keep=8) - plain(ids, logits_to_keep=8)).abs().max() < 1e-4
 
 
-def test_real_cached_decode_within_1e_4(real):
-    ours = ScratchLlama.from_hf(real.model)
+def test_real_cached_decode_within_1e_4(real, real_scratch):
+    ours = real_scratch
     result = cached_differences(real.model, ours, torch.tensor([real.tokenizer.encode(PROMPTS[2])]), steps=16)
     assert result["cached_vs_cached"] < 1e-4
     assert result["cached_vs_full"] < 5e-4  # different summation order; measured about 1e-4
 
 
-def test_real_left_padded_batch_within_1e_4(real):
-    ours = ScratchLlama.from_hf(real.model)
+def test_real_left_padded_batch_within_1e_4(real, real_scratch):
+    ours = real_scratch
     ids, mask = padded_prompts(real.tokenizer, PROMPTS)
     assert mask[0].tolist().count(0) > 0 and mask[2].all()
     result = padded_differences(real.model, ours, ids, mask, steps=6)
     assert result["padded_full"] < 1e-4 and result["padded_cached"] < 1e-4 and result["padded_vs_alone"] < 1e-4
 
 
-def test_real_greedy_128_tokens_identical_to_generate(real):
-    ours = ScratchLlama.from_hf(real.model)
-    prompt = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Write a short story about a robot."}])
-    result = greedy_matches(real.model, real.tokenizer, ours, prompt, max_new_tokens=128)
-    assert result["identical"], (result["ours"], result["theirs"])
-    assert len(result["ours"]) >= 64  # a real answer, not an immediate stop
-    assert greedy_tokens(ours, prompt, 5) == result["theirs"][:5]
+def test_real_greedy_128_tokens_identical_to_generate(real, real_scratch, story_prompt, greedy_reference):
+    theirs = greedy_reference(story_prompt, 128)  # transformers' generate, shared with test_fused
+    ours = greedy_tokens(real_scratch, story_prompt, 128, eos_token_id=real.model.generation_config.eos_token_id)
+    assert ours == theirs, (ours, theirs)
+    assert len(ours) >= 64  # a real answer, not an immediate stop
+    assert greedy_tokens(real_scratch, story_prompt, 5) == theirs[:5]
 
 
 def test_real_loss_gradient_equals_transformers(real):

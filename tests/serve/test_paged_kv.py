@@ -10,12 +10,6 @@ from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.block_manager import pool_blocks
 from llm_anatomy.serve.paged_kv import BlockAllocator, PagedKVPool, RaggedPagedView, blocks_for, slot_mapping
 from llm_anatomy.generate.decode import decode_step, prefill
-from llm_anatomy.model.scratch import ScratchLlama
-
-
-@pytest.fixture(scope="module")
-def real_scratch(real):
-    return ScratchLlama.from_hf(real.model)
 
 
 def _state(alloc: BlockAllocator):

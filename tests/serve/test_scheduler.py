@@ -14,7 +14,6 @@ from llm_anatomy.errors import CourseError
 from llm_anatomy.serve.metrics import transformers_generate_batch
 from llm_anatomy.serve.paged_kv import PagedKVPool
 from llm_anatomy.serve.scheduler import ContinuousScheduler, admit
-from llm_anatomy.model.scratch import ScratchLlama
 
 COST = lambda tokens, rows, **_: 0.01 + 0.001 * tokens  # noqa: E731  a clock that does not depend on the machine
 
@@ -207,16 +206,11 @@ def test_a_request_is_submitted_once_and_bad_settings_are_refused(tiny):
 # --------------------------------------------------------------------------- the real model, against transformers
 
 
-@pytest.fixture(scope="module")
-def real_scratch(real):
-    return ScratchLlama.from_hf(real.model)
-
-
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
            "Explain what a KV cache is in one sentence.", "List three colours:", "2 + 2 ="]
 
 
-def test_real_model_continuous_batching_equals_generate_and_generate_batch(real, real_scratch):
+def test_real_model_continuous_batching_equals_generate_and_generate_batch(real, real_scratch, greedy_reference):
     ids = [real.tokenizer(p).input_ids for p in PROMPTS]
     new = [10, 3, 7, 10, 5, 2]
     reqs = [Request(p, n, arrival_s=0.002 * i) for i, (p, n) in enumerate(zip(ids, new))]
@@ -224,9 +218,7 @@ def test_real_model_continuous_batching_equals_generate_and_generate_batch(real,
                                 max_batched_tokens=8)  # chunks of 8: longer prompts take two iterations
     ours = sched.run(reqs)
     static = run_static(real_scratch, reqs, max_batch=3)
-    with torch.inference_mode():
-        theirs = [real.model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                                      eos_token_id=None)[0, len(p):].tolist() for p, n in zip(ids, new)]
+    theirs = [greedy_reference(p, n, eos_token_id=None) for p, n in zip(ids, new)]  # each prompt alone
     assert [r.output for r in ours] == theirs
     assert [r.output for r in static] == theirs
     # a padded batch through transformers' own generate, left padding: the same tokens again

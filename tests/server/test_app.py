@@ -11,14 +11,6 @@ from conftest import KEY
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def scratch_real(real):
-    """The from-scratch model over the real weights, converted once for the tests that decode beside the server."""
-    from llm_anatomy.model.scratch import ScratchLlama
-
-    return ScratchLlama.from_hf(real.model)
-
-
 def test_health_needs_no_key_and_models_lists_the_one_model(server, client, model_id):
     assert httpx.get(server.root + "/health", timeout=10).json() == {"status": "ok"}
     models = client.models.list().data
@@ -129,14 +121,14 @@ def test_the_api_key_guards_every_route_but_health(server, model_id):
     assert httpx.get(server.root + "/health", timeout=10).status_code == 200
 
 
-def test_a_greedy_answer_is_the_courses_own_greedy_decoding(client, model_id, real, scratch_real):
+def test_a_greedy_answer_is_the_courses_own_greedy_decoding(client, model_id, real, real_scratch):
     import torch
 
     from llm_anatomy.generate.decode import greedy_tokens
 
     prompt = "Q: Name three colours.\nA:"
     ids = real.tokenizer(prompt)["input_ids"]
-    want = greedy_tokens(scratch_real, torch.tensor([ids]), 16, real.tokenizer.eos_token_id)
+    want = greedy_tokens(real_scratch, torch.tensor([ids]), 16, real.tokenizer.eos_token_id)
     got = client.completions.create(model=model_id, prompt=prompt, max_tokens=16, temperature=0)
     assert got.choices[0].text == real.tokenizer.decode([t for t in want if t != real.tokenizer.eos_token_id])
 
@@ -171,7 +163,7 @@ def test_the_flush_returns_once_the_handlers_woken_by_the_events_have_run():
     flush(0.01)  # a closed loop: returns at once, no error
 
 
-def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(client, model_id, real, scratch_real):
+def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(client, model_id, real, real_scratch):
     # the same penalties through the API and through GenerationSession (generate/penalties.py), greedy, token ids
     # as the prompt: the same text; the counting answer without them is another one (" 11, 12,"; they part at the
     # 8th token)
@@ -179,7 +171,7 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     from llm_anatomy.generate.session import GenerationSession
 
     ids = real.tokenizer("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,")["input_ids"]
-    session = GenerationSession(scratch_real, real.tokenizer, SamplingParams(0.0, presence_penalty=2.0,
+    session = GenerationSession(real_scratch, real.tokenizer, SamplingParams(0.0, presence_penalty=2.0,
                                                                              frequency_penalty=2.0, max_tokens=8))
     want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
 
@@ -191,7 +183,7 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     assert penalized == real.tokenizer.decode(want)
     assert ask() != penalized
     # vLLM's repetition_penalty (an extra field of the body) reaches the same SamplingParams as the session's
-    session = GenerationSession(scratch_real, real.tokenizer, SamplingParams(0.0, repetition_penalty=3.0, max_tokens=8))
+    session = GenerationSession(real_scratch, real.tokenizer, SamplingParams(0.0, repetition_penalty=3.0, max_tokens=8))
     want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
     repeated = ask(extra_body={"repetition_penalty": 3.0})
     assert repeated == real.tokenizer.decode(want) and repeated != ask()
