@@ -286,8 +286,9 @@ def test_plan_iteration_decides_as_schedule_does_on_random_queues(tiny_model):
     random traces through pools small enough to preempt, the same decoders, chunks and preempted requests."""
     import random
 
-    from llm_anatomy.serve.metrics import poisson_trace
+    from llm_anatomy.model.scratch import ScratchLlama
     from llm_anatomy.serve.iteration import RowState, plan_iteration
+    from llm_anatomy.serve.metrics import poisson_trace
 
     model = ScratchLlama.from_hf(tiny_model)
     counts = {"compared": 0, "preempting": 0}
