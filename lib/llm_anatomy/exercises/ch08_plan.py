@@ -53,7 +53,7 @@ def _rows(rows, live, budget, prompts_first, decodes_free, whole_prompt):
             chunks.append((i, n))
             left -= n
     if prompts_first:
-        decoders = [i for i in ready if left > 0 and (left := left - 1) >= 0]
+        decoders = ready if left == math.inf else ready[:max(0, int(left))]  # what the prompts left
     return decoders, chunks
 
 
