@@ -103,8 +103,8 @@ class Attention(nn.Module):
             n_rep = self.cfg.num_heads // self.cfg.num_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))   # k, v: [b, heads, past + s, d]
         attention() gives the same numbers (to float rounding) without the copy: it stacks a group's query heads as
-        rows against their shared KV head (attention.py). At decode, reading K and V is most of the work; the copy
-        would triple it here.
+        rows against their shared KV head (attention.py). At decode, reading K and V is most of attention's own
+        work; the copy would triple it here.
         """
         if self.path == "sdpa" and not return_weights:  # the fused kernel keeps no weights to return
             return sdpa_attention(q, k, v, causal=True, key_mask=key_mask), None
