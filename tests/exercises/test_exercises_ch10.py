@@ -94,3 +94,17 @@ def test_the_split_check_compares_real_outputs():
         return torch.zeros(weight.shape[0] // tp, weight.shape[1])
 
     not_yet(ch10.check_column_and_row_split(zeros, solutions.row_split), "bit for bit")
+
+
+def test_the_prediction_cases_are_physical():
+    """Each case's compute is at least what reading its model's weights takes: the NVLink case's 70B model (141 GB in
+    bf16) needs 42.1 ms on one H100 at 3.35e12 bytes/s, not the 4 ms an earlier version gave it."""
+    seen = []
+
+    def record(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes):
+        seen.append((compute_s, tp, layers))
+        return solutions.predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes)
+
+    assert ch10.check_tp_step_prediction(record).passed
+    seventy = [compute for compute, tp, layers in seen if layers == 80]  # Llama-3-70B's 80 layers
+    assert seventy and min(seventy) >= 141e9 / 3.35e12

@@ -116,7 +116,8 @@ def check_tp_step_prediction(predict) -> str:
     from ..distributed.collectives import Link, predict_tp_step
 
     expect(callable(predict), "define predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes).")
-    cases = {"8 H100s over NVLink, a 70B model": (0.004, 8, 80, 8e-6, 450e9, 16_384),
+    # compute_s is one device's step: a 70B model's 141 GB of bf16 weights read at an H100's 3.35e12 bytes/s, 42.1 ms
+    cases = {"8 H100s over NVLink, a 70B model": (0.0421, 8, 80, 8e-6, 450e9, 16_384),
              "3 CPU ranks on gloo": (0.09, 3, 30, 1e-3, 5e8, 2304),
              "2 GPUs over PCIe, a big batch": (0.03, 2, 32, 2e-5, 25e9, 4_194_304)}
     for name, (compute, tp, layers, latency, bandwidth, message) in cases.items():
