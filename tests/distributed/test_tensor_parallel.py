@@ -12,9 +12,9 @@ from llm_anatomy.weights.random import random_llama
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.errors import CourseError
 from llm_anatomy.distributed.tensor_parallel import (COLUMN, ROW, Communicator, check_tp_logits, check_tp_size,
-                                                     check_tp_traffic, local_config, shard, split_dim,
-                                                     state_dict_reader, tensor_parallel_llama, valid_tp_sizes,
-                                                     weight_bytes)
+                                                     check_tp_traffic, kv_head_replicas, kv_heads_of_rank,
+                                                     local_config, shard, split_dim, state_dict_reader,
+                                                     tensor_parallel_llama, valid_tp_sizes, weight_bytes)
 from llm_anatomy.generate.decode import generate_greedy
 from llm_anatomy.model.scratch import ScratchLlama
 
@@ -87,6 +87,32 @@ def test_smollm2_360m_allows_tp5_and_a_1b_shape_allows_powers_of_two():
     shapes = {n: ScratchConfig.from_hf(LlamaConfig(**RANDOM_SHAPES[n])) for n in ("360m", "1b")}
     assert valid_tp_sizes(shapes["360m"]) == [1, 5]  # 15 query heads, 5 KV heads; the vocabulary is padded
     assert valid_tp_sizes(shapes["1b"]) == [1, 2, 4, 8]  # 32 and 8
+    # vLLM's rule: TP divides the query heads; beyond the KV heads it must be a multiple of them (copies of each)
+    assert valid_tp_sizes(shapes["1b"], replicate_kv=True) == [1, 2, 4, 8, 16, 32]
+    assert valid_tp_sizes(shapes["360m"], replicate_kv=True) == [1, 5]  # 15 does not divide the MLP's 2,560
+
+
+def test_beyond_the_kv_heads_each_rank_holds_the_kv_head_its_query_heads_read():
+    from dataclasses import replace
+
+    from transformers import LlamaConfig
+
+    from llm_anatomy.model.scratch import ScratchConfig
+    from llm_anatomy.weights.random import RANDOM_SHAPES
+
+    one_b = ScratchConfig.from_hf(LlamaConfig(**RANDOM_SHAPES["1b"]))  # 32 query heads, 8 KV heads
+    assert [kv_head_replicas(one_b, tp) for tp in (1, 2, 4, 8, 16, 32)] == [1, 1, 1, 1, 2, 4]
+    assert kv_heads_of_rank(one_b, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]  # shared out, no copies
+    at16 = kv_heads_of_rank(one_b, 16)
+    assert at16 == [[r // 2] for r in range(16)]  # ranks 2k and 2k + 1 both hold KV head k
+    for tp in (8, 16, 32):  # a rank's query heads h read KV head h // 4: exactly the one it holds
+        q = 32 // tp
+        assert all(kv_heads_of_rank(one_b, tp)[r] == [r * q // 4] for r in range(tp))
+    sixes = replace(one_b, num_heads=24)  # 24 query heads, 8 KV heads
+    assert 12 not in valid_tp_sizes(sixes, replicate_kv=True)  # divides 24, but 12 ranks cannot share 8 KV heads
+    for bad in (3, 12):
+        with pytest.raises(CourseError, match=rf"^TP = {bad} fits neither way: .*choose from \[.*\]\.$"):
+            kv_head_replicas(sixes if bad == 12 else one_b, bad)
 
 
 def test_tp2_is_refused_before_any_weight_is_read(tiny3):

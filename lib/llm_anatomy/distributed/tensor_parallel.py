@@ -43,10 +43,39 @@ def split_dim(name: str) -> int | None:
     return SPLITS.get(parts[-2]) if len(parts) >= 2 else None
 
 
-def valid_tp_sizes(cfg: ScratchConfig, up_to: int = 64) -> list[int]:
-    """The TP sizes that give every rank whole query heads, whole KV heads and an equal share of the MLP's width."""
-    common = gcd(gcd(cfg.num_heads, cfg.num_kv_heads), cfg.intermediate_size)
-    return [n for n in range(1, up_to + 1) if common % n == 0]
+def valid_tp_sizes(cfg: ScratchConfig, up_to: int = 64, replicate_kv: bool = False) -> list[int]:
+    """The TP sizes that give every rank whole query heads, whole KV heads and an equal share of the MLP's width.
+
+    replicate_kv=False: TP divides the KV heads too (this course's TP model, where each rank holds its own KV heads).
+    replicate_kv=True: vLLM's rule. It checks only that TP divides the query heads (and its layers divide the MLP's
+    width); where TP exceeds the KV heads, each rank holds one KV head and TP / KV heads ranks hold copies of it
+    (QKVParallelLinear's num_kv_head_replicas), so TP must then be a multiple of the KV heads (`kv_head_replicas`).
+    """
+    if not replicate_kv:
+        common = gcd(gcd(cfg.num_heads, cfg.num_kv_heads), cfg.intermediate_size)
+        return [n for n in range(1, up_to + 1) if common % n == 0]
+    return [n for n in range(1, up_to + 1) if cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0
+            and (cfg.num_kv_heads % n == 0 or n % cfg.num_kv_heads == 0)]
+
+
+def kv_head_replicas(cfg: ScratchConfig, tp: int) -> int:
+    """How many ranks hold a copy of each KV head under vLLM's rule: 1 while TP divides the KV heads, TP / KV heads
+    beyond them (each rank then holds a single KV head, the one its query heads read)."""
+    if tp not in valid_tp_sizes(cfg, max(tp, 1), replicate_kv=True):
+        raise CourseError(f"TP = {tp} fits neither way: TP must divide the {cfg.num_heads} query heads and the MLP "
+                          f"width, and either divide the {cfg.num_kv_heads} KV heads or be a multiple of them; choose "
+                          f"from {valid_tp_sizes(cfg, replicate_kv=True)}.")
+    return max(1, tp // cfg.num_kv_heads)
+
+
+def kv_heads_of_rank(cfg: ScratchConfig, tp: int) -> list[list[int]]:
+    """For each rank, the KV heads it holds (vLLM's rule): a contiguous block of KV heads / TP of them, or, beyond the
+    KV heads, the single KV head that its block of query heads reads (so neighbouring ranks hold the same one)."""
+    replicas = kv_head_replicas(cfg, tp)
+    if replicas == 1:
+        k = cfg.num_kv_heads // tp
+        return [list(range(r * k, (r + 1) * k)) for r in range(tp)]
+    return [[r // replicas] for r in range(tp)]
 
 
 def check_tp_size(cfg: ScratchConfig, tp) -> None:
