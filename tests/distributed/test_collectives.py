@@ -10,6 +10,7 @@ from llm_anatomy.distributed import collectives as coll
 from llm_anatomy.distributed.collectives import (LINKS, SMALL_TP2, Link, check_latency_bound, check_step_prediction,
                                                  fit_link, predict_from_shard, predict_tp_step, spread, tp_pays_up_to,
                                                  tp_step_collectives, tp_step_timeline)
+from llm_anatomy.errors import CourseError
 from llm_anatomy.model.scratch import ScratchConfig
 
 SMOL = ScratchConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -70,6 +71,25 @@ def test_the_calibrated_timeline_lasts_as_long_as_the_prediction():
     assert turns[0][2][0] == "all_reduce" and turns[0][2][2] < turns[2][3][2]  # ... so the first waits longer inside
     alone = tp_step_timeline(SMOL, 1, 0.09, link)
     assert {k for k, *_ in alone[0]} == {"compute"} and alone[0][-1][3] == pytest.approx(0.09)
+
+
+def test_the_scaling_books_decode_rule_and_the_latency_floor():
+    from llm_anatomy.distributed.collectives import H100_HBM, break_even_latency, tp_decode_pays_up_to
+
+    pcie = LINKS["PCIe Gen5 x16"]
+    beta = H100_HBM / pcie  # about 52
+    assert tp_decode_pays_up_to(28_672, 1, pcie) == pytest.approx(28_672 / beta)  # the book: F / (B x beta)
+    assert tp_decode_pays_up_to(28_672, 1, pcie) > 8  # a 70B model's bytes stay hidden at 2-8-way TP over PCIe
+    assert tp_decode_pays_up_to(28_672, 256, pcie) < 4 < tp_decode_pays_up_to(28_672, 64, pcie)  # big batches bind
+    assert tp_pays_up_to(28_672, pcie) < 2  # the training rule's answer, which section 5 no longer uses for decode
+    seventy = 141.1e9  # Llama-3-70B's bf16 weights: 42.1 ms on one H100
+    assert break_even_latency(seventy, 80, 4) == pytest.approx(seventy / H100_HBM * 0.75 / 160)
+    assert break_even_latency(seventy, 80, 2) < break_even_latency(seventy, 80, 8)  # more TP saves more reading
+    assert break_even_latency(0.27e9, 30, 3) < 1e-6  # SmolLM2-135M: under a microsecond, no link has it
+    with pytest.raises(CourseError, match=r"^TP = 1 makes no all-reduce"):
+        break_even_latency(seventy, 80, 1)
+    with pytest.raises(CourseError, match="batch of at least 1"):
+        tp_decode_pays_up_to(28_672, 0, pcie)
 
 
 def test_the_scaling_books_rule_within_an_h100_node():

@@ -5,8 +5,9 @@
 `time_all_reduce` (run inside every rank) times one all-reduce per message size, the sizes in rotation so that a
 busy moment of the machine slows them all alike; `fit_link` fits that line through the medians. A tensor-parallel
 decode step makes a fixed list of collectives (`tp_step_collectives`): `predict_tp_step` adds their cost to the
-compute, which TP divides among the ranks. `tp_pays_up_to` is the scaling book's rule for large batches, when
-the bytes, not the latency, are what the collectives cost. Times in seconds, sizes in bytes, bandwidths in bytes/s.
+compute, which TP divides among the ranks. `tp_pays_up_to` is the scaling book's rule for training (compute-bound);
+`tp_decode_pays_up_to` its rule for memory-bound generation, and `break_even_latency` the latency floor beside it.
+Times in seconds, sizes in bytes, bandwidths in bytes/s.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SWEEP_BYTES = [4, 256, 2304, 16_384, 131_072, 1_048_576, 4_194_304]  # 2,304: on
 # FLOP/s; each GPU sends 450e9 bytes/s over NVLink within a node, and a node 400e9 bytes/s to the others.
 # PCIe Gen5 x16 moves about 64e9 bytes/s each way (PCI-SIG: 32 GT/s per lane x 16 lanes).
 H100_FLOPS = 990e12
+H100_HBM = 3.35e12  # bytes/s an H100 SXM reads from its memory (NVIDIA's datasheet; the scaling book's GPU chapter)
 LINKS = {"NVLink, within an H100 node": 450e9, "InfiniBand, across H100 nodes": 400e9, "PCIe Gen5 x16": 64e9}
 
 
@@ -132,6 +134,31 @@ def tp_pays_up_to(mlp_width: int, link_bytes_per_s: float, flops_per_s: float = 
     latency, which is what a small decode step pays (C22), so it is a ceiling, not a promise.
     """
     return mlp_width * link_bytes_per_s / flops_per_s
+
+
+def tp_decode_pays_up_to(mlp_width: int, batch: int, link_bytes_per_s: float,
+                         hbm_bytes_per_s: float = H100_HBM) -> float:
+    """The largest TP size at which a memory-bound decode step's all-reduce bytes still take less time than reading
+    the MLP's weights from memory: F / (B x beta), beta = W_hbm / W_link.
+
+    The scaling book's rule for generation (its inference chapter, "All About Transformer Inference": reading the
+    MLP's weights costs 2DF / (Y x W_hbm) per device, the all-reduce of B tokens' activations 2BD / W_link). Bytes
+    only: the latency of each collective, which a small batch pays in full (C22), is `break_even_latency`'s part.
+    """
+    if batch < 1 or mlp_width < 1:
+        raise CourseError(f"The rule needs a batch of at least 1 token and an MLP width of at least 1, not {batch} "
+                          f"and {mlp_width}.")
+    return mlp_width * link_bytes_per_s / (batch * hbm_bytes_per_s)
+
+
+def break_even_latency(weight_bytes: float, layers: int, tp: int, hbm_bytes_per_s: float = H100_HBM) -> float:
+    """The latency per all-reduce, seconds, at which TP = tp saves nothing on a memory-bound decode step: reading
+    the weights takes weight_bytes / W_hbm on one device and a tp-th of it on each rank, and the step pays 2 x layers
+    all-reduces (bytes left out: the rule above covers them). Below it TP shortens the step; above it, lengthens it."""
+    if tp < 2:
+        raise CourseError(f"TP = {tp} makes no all-reduce, so no latency can cost it anything: ask about TP >= 2.")
+    alone = weight_bytes / hbm_bytes_per_s
+    return (alone - alone / tp) / (2 * layers)
 
 
 def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
