@@ -9,7 +9,8 @@ from llm_anatomy.weights.random import random_llama
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.distributed.pipeline import (bubble_fraction, check_micro_batches_fill, check_stages, cpu_bubble,
-                                              makespan, measured_bubble, parallelism, pipeline_stage, schedule,
+                                              makespan, makespan_fraction, measured_bubble, parallelism, pipeline_stage,
+                                              schedule,
                                               schedule_bubble, stage_forward, stage_layers, timeline)
 from llm_anatomy.distributed.tensor_parallel import state_dict_reader
 from llm_anatomy.errors import CourseError
@@ -43,6 +44,15 @@ def test_stages_in_one_process_give_the_plain_models_logits_bit_for_bit():
 def test_equal_stages_idle_exactly_as_the_formula_says(stages, micro):
     equal = [[0.01] * micro for _ in range(stages)]
     assert schedule_bubble(equal) == pytest.approx(bubble_fraction(stages, micro))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("micro", [1, 2, 4, 8])
+def test_the_makespan_of_equal_stages_is_the_formulas(stages, micro):
+    """One batch takes 1 s through all the stages; m micro-batches take 1 / (p x m) s in each stage."""
+    each = [[1.0 / (stages * micro)] * micro for _ in range(stages)]
+    assert max(end for *_, end in schedule(each)) == pytest.approx(makespan_fraction(stages, micro))
+    assert makespan_fraction(stages, 1) == 1  # one batch: no faster than one device
 
 
 def test_the_schedule_waits_for_the_stage_before():
