@@ -7,12 +7,14 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
 
 from llm_anatomy.distributed.collectives import Link, tp_step_timeline  # noqa: E402
 from llm_anatomy.distributed.pipeline import schedule  # noqa: E402
+from llm_anatomy.errors import CourseError  # noqa: E402
 from llm_anatomy.model.scratch import ScratchConfig  # noqa: E402
 from llm_anatomy.views.parallel import (plot_block_split, plot_bubble, plot_link_fit, plot_pipeline_gantt,  # noqa: E402
-                                        plot_tp_timeline)
+                                        plot_tp_measured, plot_tp_timeline)
 
 SMOL = ScratchConfig(49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192)
 
@@ -36,6 +38,31 @@ def test_the_tp_timeline_draws_each_rank_and_its_waits():
     assert "(ms)" in ax.get_xlabel() and len(ax.patches) == sum(len(r) for r in ranks)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["computing its share", "waiting for a core", "inside an all-reduce", "inside the all-gather"]
+    plt.close("all")
+
+
+def test_the_measured_step_draws_each_rank_the_prediction_and_every_all_reduce():
+    """Bars of the measured times cost_run returns (a few parts each, not a sliver per collective), beside the
+    prediction; every all-reduce of rank 0's step on the right, by layer."""
+    link = Link(2e-4, 1e9)
+    layers = 30
+    calls = [("all_reduce", "embedding", 256, 1e-3)]
+    calls += [c for i in range(layers) for c in (("all_reduce", "attention", 256, 1e-3 * (1 + i % 3)),
+                                                 ("all_reduce", "mlp", 256, 2e-3))]
+    calls.append(("all_gather", "logits", 8192, 1e-3))
+    bars, each = plot_tp_measured([0.2, 0.21], [calls, calls], link, compute_s=0.007)
+    assert [t.get_text() for t in bars.get_yticklabels()] == ["predicted", "rank 0, measured", "rank 1, measured"]
+    assert len(bars.patches) == 3 * 4 and "(ms)" in bars.get_xlabel() and "(ms" in each.get_ylabel()
+    widths = [p.get_width() for p in bars.patches]  # ms: compute, after attention, after the MLP, the two ends
+    inside_attention = sum(s for _, site, _, s in calls if site == "attention") * 1e3
+    assert widths[4:8] == pytest.approx([200 - inside_attention - 60 - 2, inside_attention, 60, 2])  # rank 0
+    assert widths[0:4] == pytest.approx([7, layers * link.seconds(256) * 1e3, layers * link.seconds(256) * 1e3,
+                                         (link.seconds(256) + link.seconds(8192)) * 1e3])  # the prediction
+    assert "200.0 ms" in _texts(bars) and "210.0 ms" in _texts(bars)  # each measured step's total, written at its end
+    points = [len(line.get_xdata()) for line in each.get_lines()[:2]]
+    assert points == [layers, layers]  # every all-reduce after attention and after the MLP, one point each
+    with pytest.raises(CourseError, match="one step time and one list of collectives per rank"):
+        plot_tp_measured([0.2], [calls, calls], link, 0.007)
     plt.close("all")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+from ..errors import CourseError
+
 COLOURS = {"compute": "#4c72b0", "all_reduce": "#c44e52", "all_gather": "#dd8452", "wait": "#dddddd"}
 
 
@@ -77,6 +79,68 @@ def plot_tp_timeline(ranks: list[list[tuple[str, str, float, float]]], ax=None, 
     ax.legend(handles=[Patch(color=COLOURS[k], label=n) for k, n in names if k in kinds],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax
+
+
+MEASURED_PARTS = (("compute", "outside the collectives (computing)", "#4c72b0"),
+                  ("attention", "the all-reduces after attention", "#c44e52"),
+                  ("mlp", "the all-reduces after the MLP", "#8c1c2c"),
+                  ("ends", "the embedding's all-reduce and the logits' all-gather", "#dd8452"))
+
+
+def _step_parts(step_s: float, calls: list[tuple[str, str, int, float]]) -> dict[str, float]:
+    """A step's seconds by part: inside each site's collectives (embedding and logits together), the rest computing."""
+    parts = {"attention": 0.0, "mlp": 0.0, "ends": 0.0}
+    for _, site, _, seconds in calls:
+        parts[site if site in parts else "ends"] += seconds
+    return {"compute": max(step_s - sum(parts.values()), 0.0), **parts}
+
+
+def plot_tp_measured(steps_s: list[float], calls: list[list[tuple[str, str, int, float]]], link, compute_s: float,
+                     title: str | None = None):
+    """One measured TP decode step, next to its prediction. Left: a bar per rank (the step as it timed it: inside
+    each kind of collective, the rest computing) and one for the prediction (compute_s plus link.seconds of the same
+    collectives); right: every collective of the step on rank 0, by layer, against the fitted latency + bytes.
+    steps_s: each rank's step, seconds; calls: each rank's collectives of that step (op, site, bytes, seconds), as
+    runs.cost_run returns them ("last_step"). Returns the two axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+    from matplotlib.patches import Patch
+
+    if not calls or len(steps_s) != len(calls):
+        raise CourseError("plot_tp_measured needs one step time and one list of collectives per rank.")
+    fig, (bars, each) = plt.subplots(1, 2, figsize=(12, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    predicted = _step_parts(0.0, [(op, site, n, link.seconds(n)) for op, site, n, _ in calls[0]])
+    predicted["compute"] = compute_s
+    rows = [("predicted", predicted)] + [(f"rank {r}, measured", _step_parts(t, c))
+                                          for r, (t, c) in enumerate(zip(steps_s, calls))]
+    for y, (_, parts) in enumerate(rows):
+        left = 0.0
+        for key, _, colour in MEASURED_PARTS:
+            bars.barh(y, parts[key] * 1e3, left=left, height=0.6, color=colour, lw=0)
+            left += parts[key] * 1e3
+        bars.annotate(f"{left:.1f} ms", (left, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    bars.set_yticks(range(len(rows)), [name for name, _ in rows])
+    bars.invert_yaxis()
+    bars.set_xlim(0, 1.18 * max(sum(p.values()) for _, p in rows) * 1e3)
+    bars.set_xlabel("one decode step (ms)")
+    bars.set_title(title or "One TP decode step: where its time went")
+    bars.legend(handles=[Patch(color=c, label=n) for _, n, c in MEASURED_PARTS], fontsize=7, ncol=2,
+                loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    layer_calls = {site: [s * 1e3 for _, where, _, s in calls[0] if where == site] for site in ("attention", "mlp")}
+    for (site, times), marker, colour in zip(layer_calls.items(), "os", ("#c44e52", "#8c1c2c")):
+        each.plot(range(len(times)), times, marker, color=colour, ms=4,
+                  label=f"after {'the MLP' if site == 'mlp' else site}")
+    nbytes = calls[0][0][2]
+    each.axhline(link.seconds(nbytes) * 1e3, color="grey", ls="--", lw=1,
+                 label=f"fitted: {link.seconds(nbytes) * 1e3:.3f} ms")
+    each.set(yscale="log", xlabel="layer", ylabel="one all-reduce (ms, log scale)",
+             title="Each all-reduce of that step, rank 0")
+    each.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+    each.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    each.yaxis.set_minor_formatter(ticker.NullFormatter())
+    each.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
+    fig.tight_layout()
+    return bars, each
 
 
 def plot_link_fit(seconds_by_size: dict[int, list[float]], link, marks: dict[str, int] | None = None, ax=None,
