@@ -134,3 +134,7 @@ def check_tp_step_prediction(predict) -> str:
                f"{want['latency_s'] * 1e3:.3f} + bytes {want['bytes_s'] * 1e3:.3f}), got {got * 1e3:.3f} ms. "
                "Seconds throughout: latency_s + message_bytes / bytes_per_s per all-reduce.")
     return "compute / TP, plus 2 x layers x (latency + bytes / bandwidth): now compare it with the measured step."
+
+
+from .ch10_parallel import (check_gpipe_loop, check_row_parallel_linear,  # noqa: E402, F401  (10.4-10.6, own file)
+                            check_vocab_parallel_embedding)
