@@ -214,7 +214,7 @@ def test_vocabulary_padding_mistakes():
         rows = table.shape[0] // tp
         return table[rank * rows:(rank + 1) * rows], rank * rows
 
-    not_yet(ch10.check_vocab_parallel_embedding(floor_rows, right), "belong to no rank", "pad")
+    not_yet(ch10.check_vocab_parallel_embedding(floor_rows, right), "to no rank", "pad")
 
     def chunked(table, rank, tp):  # torch.chunk: equal shares but the last, which is short
         rows = -(-table.shape[0] // tp)
