@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from exercise_helpers import load_solutions, not_yet, unattempted
 
@@ -315,3 +316,17 @@ def test_the_librarys_schedule_is_refused():
         return outputs, ticks
 
     not_yet(ch10.check_gpipe_loop(library_ticks), "don't call", "schedule")
+
+
+# --------------------------------------------------------------------------------------------- every kind of nonsense
+
+
+@pytest.mark.parametrize("answer", [None, "nonsense", (1, 2, 3)], ids=["None", "a-string", "a-tuple"])
+def test_an_answer_of_the_wrong_kind_is_told_what_to_return(answer):
+    for verdict in (ch10.check_row_parallel_linear(row_layer(lambda self, x: answer)),
+                    ch10.check_vocab_parallel_embedding(solutions.vocab_shard, embedding(lambda self, ids: answer)),
+                    ch10.check_vocab_parallel_embedding(lambda table, rank, tp: answer,
+                                                        solutions.MyVocabParallelEmbedding),
+                    ch10.check_gpipe_loop(lambda stages, micro_batches: answer)):
+        assert not verdict.passed, verdict
+        assert "raised" not in verdict.message and "could not use" not in verdict.message, verdict.message

@@ -132,7 +132,11 @@ def _run_row(cls, weight, x, tp, site, guard):
             layer.weight.copy_(weight[:, rank * k:(rank + 1) * k])
         with guard(), torch.no_grad():
             out = call(layer, x[..., rank * k:(rank + 1) * k].clone())
-        outs.append(returned(out, "tensor", f"rank {rank}'s output"))
+        out = returned(out, "tensor", f"rank {rank}'s output")
+        want = (*x.shape[:-1], out_f)
+        expect(tuple(out.shape) == want, f"rank {rank}'s output should be [batch, seq, out], here {want}, not "
+                                         f"{tuple(out.shape)}.")
+        outs.append(out)
     return ranks, outs
 
 
@@ -264,7 +268,10 @@ def check_vocab_parallel_embedding(vocab_shard, embedding_class) -> str:
                        "does not hold gives a local index below 0 or beyond its rows: clamp the index into range for "
                        "the lookup, then set those rows to zero.")
                 raise
-            outs.append(returned(out, "tensor", f"rank {rank}'s embeddings"))
+            out = returned(out, "tensor", f"rank {rank}'s embeddings")
+            expect(tuple(out.shape) == tuple(want.shape), f"{where}: rank {rank}'s embeddings should be [batch, seq, "
+                                                          f"hidden], here {tuple(want.shape)}, not {tuple(out.shape)}.")
+            outs.append(out)
         ranks.finish()
         unmasked = sum(part[(ids - start).clamp(0, rows - 1)] for part, start in shares)
         _one_all_reduce(ranks, (2, ids.shape[1], hidden), "embedding",
