@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
+from llm_anatomy.distributed.tensor_parallel import RowParallelLinear, VocabParallelEmbedding
+
 
 def column_split(weight, rank, tp):
     """Exercise 10.1: rank's block of outputs: rows rank*k to (rank+1)*k - 1 of a weight stored [out, in]."""
@@ -25,9 +29,6 @@ def predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes):
     return compute_s / tp + 2 * layers * (latency_s + message_bytes / bytes_per_s)
 
 
-from llm_anatomy.distributed.tensor_parallel import RowParallelLinear, VocabParallelEmbedding  # noqa: E402
-
-
 class MyRowParallelLinear(RowParallelLinear):
     """Exercise 10.4: this rank's inputs times its block of the weight (a partial sum), added up over the ranks."""
 
@@ -38,8 +39,6 @@ class MyRowParallelLinear(RowParallelLinear):
 
 def vocab_shard(table, rank, tp):
     """Exercise 10.5: rank's ceil(vocab / tp) rows of the table (the last rank's padded with zeros) and its first id."""
-    import torch
-
     rows = -(-table.shape[0] // tp)
     part = table[rank * rows:(rank + 1) * rows]
     return torch.cat([part, table.new_zeros(rows - part.shape[0], table.shape[1])]), rank * rows

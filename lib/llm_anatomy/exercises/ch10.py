@@ -1,11 +1,13 @@
 """Checks for notebook 10 (beyond one device): the column and row split of one linear layer, the all-reduces of one
-forward pass, and a TP step's time predicted from the measured latency."""
+forward pass, and a TP step's time predicted from the measured latency (the row-parallel layer, the embedding split by
+vocabulary and the GPipe loop, exercises 10.4 to 10.6, are in ch10_parallel.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from . import call, exercise, expect, forbidden, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from .ch10_parallel import check_gpipe_loop, check_row_parallel_linear, check_vocab_parallel_embedding  # noqa: F401
 
 
 def _integer_layer(out_features: int, in_features: int, seed: int):
@@ -134,7 +136,3 @@ def check_tp_step_prediction(predict) -> str:
                f"{want['latency_s'] * 1e3:.3f} + bytes {want['bytes_s'] * 1e3:.3f}), got {got * 1e3:.3f} ms. "
                "Seconds throughout: latency_s + message_bytes / bytes_per_s per all-reduce.")
     return "compute / TP, plus 2 x layers x (latency + bytes / bandwidth): now compare it with the measured step."
-
-
-from .ch10_parallel import (check_gpipe_loop, check_row_parallel_linear,  # noqa: E402, F401  (10.4-10.6, own file)
-                            check_vocab_parallel_embedding)
