@@ -87,13 +87,14 @@ def _one_all_reduce(ranks: SimulatedRanks, shape: tuple, site: str, what: str, w
     """Each rank made one all-reduce, of a tensor of `shape`, at `site` (wrong_shapes: shape -> what it means)."""
     made = len(ranks.calls[0])
     expect(made >= 1, what)
+    for _, x, _ in ranks.calls[0]:
+        got = tuple(x.shape)
+        if got != shape:
+            expect(got not in wrong_shapes, wrong_shapes.get(got, ""))
+            expect(False, f"you all-reduced a tensor of shape {got}: all-reduce this rank's output {shape} and "
+                          "nothing else (a rank never needs the whole input or the whole weight).")
     expect(made == 1, f"each rank made {made} all-reduces: one per forward, of the output, is all it takes.")
-    got_site, x, _ = ranks.calls[0][0]
-    got = tuple(x.shape)
-    if got != shape:
-        expect(got not in wrong_shapes, wrong_shapes.get(got, ""))
-        expect(False, f"you all-reduced a tensor of shape {got}: all-reduce this rank's output {shape} and nothing "
-                      "else (a rank never needs the whole input or the whole weight).")
+    got_site = ranks.calls[0][0][0]
     expect(got_site == site, f"pass self.site to the all-reduce (here {site!r}, not {got_site!r}): it names where the "
                              "collective is, and the notebook counts them by it.")
 
@@ -109,9 +110,8 @@ def _output_of(out, ranks: SimulatedRanks, rank: int, want: torch.Tensor, where:
     expect(not (out.shape == want.shape and torch.allclose(out * ranks.tp, want, atol=1e-3)),
            f"{where}: you divided by the TP degree: an all-reduce adds the ranks' tensors up, and the partial sums add "
            "up to the output.")
-    expect(False, f"{where} should be the layer's output on one device, bit for bit (largest difference "
-                  f"{(out.double() - want.double()).abs().max().item() if out.shape == want.shape else 'shape'} "
-                  f"{'' if out.shape == want.shape else f'{tuple(out.shape)} against {tuple(want.shape)}'}).")
+    expect(False, f"{where} should equal the library's, the layer's output on one device, bit for bit; it differs "
+                  f"by up to {(out.double() - want.double()).abs().max().item():g}.")
 
 
 # --------------------------------------------------------------------------------------------- 10.4
@@ -185,7 +185,7 @@ def check_row_parallel_linear(layer_class) -> str:
 
 def _vocab_cases():
     """(vocab, hidden, tp): vocabularies the notebook never used; most of them TP does not divide."""
-    rng = random.Random(1005)
+    rng = random.Random(1026)  # 9 on TP = 2, 11 on 3, 18 on 4
     cases = [(rng.choice((2, 3, 4)), rng.randint(2, 5), rng.randint(1, 3)) for _ in range(3)]  # tp, rows, missing
     out = [(tp * rows - min(missing, tp - 1), rng.randint(3, 7), tp) for tp, rows, missing in cases]
     out.append((10, 4, 4))  # 3 rows a rank: the last holds one id and two rows of padding
@@ -236,7 +236,7 @@ def check_vocab_parallel_embedding(vocab_shard, embedding_class) -> str:
             expect(part.dim() == 2 and part.shape[1] == hidden, f"{where}: rank {rank}'s rows should be [rows, "
                                                                 f"{hidden}]: whole rows of the table, not "
                                                                 f"{tuple(part.shape)}.")
-            expect(not (vocab % tp and part.shape[0] == vocab // tp),
+            expect(not (vocab % tp and part.shape[0] == vocab // tp and start == rank * (vocab // tp)),
                    f"{where}: you gave each rank {vocab} // {tp} = {vocab // tp} rows, so the last "
                    f"{'id belongs' if vocab % tp == 1 else f'{vocab % tp} ids belong'} to no rank. Round up, "
                    f"ceil({vocab} / {tp}) = {rows} rows each, and pad the last rank's slice with rows of zeros.")
