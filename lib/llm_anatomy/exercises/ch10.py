@@ -1,11 +1,13 @@
 """Checks for notebook 10 (beyond one device): the column and row split of one linear layer, the all-reduces of one
-forward pass, and a TP step's time predicted from the measured latency."""
+forward pass, and a TP step's time predicted from the measured latency (the row-parallel layer, the embedding split by
+vocabulary and the GPipe loop, exercises 10.4 to 10.6, are in ch10_parallel.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from . import call, exercise, expect, forbidden, hint, hints, returned  # noqa: F401  (hint: for the notebook)
+from .ch10_parallel import check_gpipe_loop, check_row_parallel_linear, check_vocab_parallel_embedding  # noqa: F401
 
 
 def _integer_layer(out_features: int, in_features: int, seed: int):
