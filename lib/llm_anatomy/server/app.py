@@ -12,6 +12,8 @@ A request is refused before the engine sees it when it is bad (400: not JSON, an
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
 key), and when the queue is full (429, with Retry-After). A stream whose client goes away is cancelled: Starlette
 stops the response, and the `finally` below tells the engine, whose next round frees the request's blocks.
+A stream sends its usage as OpenAI does: only with `stream_options: {"include_usage": true}`, in one more chunk after
+the finish reason's, with `"choices": []`.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ class Server:
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         live = self.engine.submit(ids, params, put, name=name, received_s=received)
         reply = schemas.Reply(name, int(time.time()), self.name, kind)
+        reply.usage_asked = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -230,8 +233,9 @@ class Server:
                     yield data
                 elif event[0] == "finish":
                     event[2]["first_sent_s"] = live.first_sent_s  # the record was made before, on the engine thread
-                    yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1],
-                                                  usage_=self._usage(live, event[2])))
+                    yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1]))
+                    if reply.usage_asked:  # OpenAI's rule: a chunk of its own, "choices": [], only when asked for
+                        yield schemas.sse(reply.usage_chunk(self._usage(live, event[2])))
                     break
                 else:  # the engine failed: the status is sent already, so the error is an event (as OpenAI does)
                     yield schemas.sse(APIError(500, event[1], "server_error").body())
