@@ -210,3 +210,22 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
     repeated = ask(extra_body={"repetition_penalty": 3.0})
     assert repeated == real.tokenizer.decode(want) and repeated != ask()
+
+
+def test_debug_calls_gives_the_model_calls_of_a_streamed_answer(server, client, model_id):
+    """Each decode token of an answer comes out of one step; GET /debug/calls has that step's model call, inside the
+    gap between the token and the one before it (engine clock), so a step splits into its call and the rest."""
+    import json
+
+    chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=6, temperature=0,
+                                                 stream=True))
+    record = {r["name"]: r for r in json.loads(server.get("/debug/requests"))["requests"]}[chunks[0].id]
+    calls = json.loads(server.get("/debug/calls?last=50"))["calls"]
+    assert 1 <= len(calls) <= 50 and json.loads(server.get("/debug/calls?last=0"))["calls"] == []
+    times = record["token_times_s"]
+    for before, after in zip(times, times[1:]):
+        inside = [c for c in calls if before <= c["start_s"] and c["end_s"] <= after + 1e-9]
+        assert len(inside) == 1 and inside[0]["kind"] == "decode" and inside[0]["rows"] == 1
+        assert 0 < inside[0]["measured_s"] <= after - before + 1e-9
+    reply = httpx.get(server.root + "/debug/calls?last=many", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "last"

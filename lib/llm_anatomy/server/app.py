@@ -6,6 +6,7 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
+    GET  /debug/calls           the scheduler's recent model calls: when each ran (engine clock) and what it took
     PUT  /debug/max-waiting     {"max_waiting": 4}, "auto" or null: change the queue's limit (notebook 11, bench api)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
@@ -74,6 +75,7 @@ class Server:
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self._guard(self.prometheus), methods=["GET"]),
                   Route("/debug/requests", self._guard(self.records), methods=["GET"]),
+                  Route("/debug/calls", self._guard(self.calls), methods=["GET"]),
                   Route("/debug/max-waiting", self._guard(self.queue_limit), methods=["PUT"])]
 
         async def http_error(request, exc: HTTPException):
@@ -135,6 +137,17 @@ class Server:
     async def records(self, request):
         return JSONResponse({"clock": self.engine.clock(), "queue_limit": self.engine.queue_limit(),
                              "requests": list(self.engine.records)})
+
+    async def calls(self, request):
+        """The last `last` (default 200) model calls, so that a step's time can be split into its model call and the
+        rest (scheduling, sampling, the hand-over). deque.copy runs in C under the interpreter lock: the engine thread
+        cannot append halfway through it."""
+        last = request.query_params.get("last", "200")
+        if not last.isdigit():
+            raise APIError(400, f"last must be a whole number of calls, not {last!r}.", param="last")
+        copied = list(self.engine.scheduler.calls.copy())
+        calls = copied[max(0, len(copied) - int(last)):]
+        return JSONResponse({"clock": self.engine.clock(), "calls": [c._asdict() for c in calls]})
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))
