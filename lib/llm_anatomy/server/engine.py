@@ -173,8 +173,9 @@ class EngineLoop:
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
-                raise APIError(429, f"The server is busy: {queued} requests are waiting already, the most "
-                                    f"it queues. Retry after {retry_after} s.", "requests", code="rate_limit_exceeded",
+                raise APIError(429, f"The server is busy: its {self.scheduler.max_batch} batch slots are taken "
+                                    f"and {queued} requests wait for one, the most it queues. Retry after "
+                                    f"{retry_after} s.", "requests", code="rate_limit_exceeded",
                                headers={"Retry-After": str(retry_after)})
             self._unadmitted += 1
             self._in_flight += 1
