@@ -34,6 +34,17 @@ def test_sse_mistakes():
     not_yet(ch11.check_sse_event(lambda p: None), "bytes")
 
 
+def test_any_sse_the_openai_decoder_reads_passes():
+    """The standard's other lines (id, event, retry, a comment) and its other line endings (CRLF, CR) are valid SSE that
+    the openai client reads: the check accepts them, as it accepts the plain `data:` line."""
+    line = b"data: %s"
+    for frame in (b"id: 7\n" + line + b"\n\n", b"event: message\n" + line + b"\n\n", b": keep-alive\n" + line + b"\n\n",
+                  b"retry: 1000\n" + line + b"\n\n", line + b"\r\n\r\n", b"id: 7\r\n" + line + b"\r\n\r\n",
+                  line + b"\r\r", b"data:%s\n\n", b": one\n: two\nevent: chunk\nid: 1\n" + line + b"\r\n\n"):
+        verdict = ch11.check_sse_event(lambda p, frame=frame: frame % json.dumps(p).encode())
+        assert verdict.passed, (frame, verdict.message)
+
+
 def test_the_servers_own_framing_is_refused_however_it_is_reached():
     from llm_anatomy.server import schemas
     from llm_anatomy.server.schemas import sse
@@ -94,11 +105,37 @@ class _ShowsTheStop(solutions.Matcher):
         return shown + (self.stops[0] if self.stopped else "")
 
 
+class _HoldsTheShortest(solutions.Matcher):
+    """Holds back the SHORTEST end that begins a stop string: with "abab" after "xaba" it holds "a" and shows "xab",
+    then never sees "abab" whole, and shows it."""
+
+    def feed(self, text):
+        if self.stopped:
+            return ""
+        self.pending += text
+        cuts = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            self.stopped = True
+            shown, self.pending = self.pending[:min(cuts)], ""
+            return shown
+        hold = min((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        shown, self.pending = self.pending[:len(self.pending) - hold], self.pending[len(self.pending) - hold:]
+        return shown
+
+
 def test_stop_matcher_mistakes():
     not_yet(ch11.check_stop_matcher(_PieceByPiece), "not in each piece alone")
-    not_yet(ch11.check_stop_matcher(_NoHoldBack), "could still become a stop string")
+    not_yet(ch11.check_stop_matcher(_NoHoldBack), "could still become", "hold back the longest end")
     not_yet(ch11.check_stop_matcher(_HoldsEverything), "a user is waiting")
     not_yet(ch11.check_stop_matcher(_ShowsTheStop), "never shown")
+    not_yet(ch11.check_stop_matcher(_HoldsTheShortest), "LONGEST", "not the shortest")
+
+
+def test_holding_the_shortest_end_shows_the_stop_string_and_never_stops():
+    """The stream the check added for it: the wrong matcher shows "abab" and does not stop; the solution stops."""
+    wrong, right = _HoldsTheShortest(["abab"]), solutions.Matcher(["abab"])
+    assert "".join(wrong.feed(p) for p in ("xaba", "b", "!")) + wrong.flush() == "xabab!" and not wrong.stopped
+    assert "".join(right.feed(p) for p in ("xaba", "b", "!")) + right.flush() == "x" and right.stopped
 
 
 def test_the_librarys_stop_matcher_is_refused_however_it_is_reached():

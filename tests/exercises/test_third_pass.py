@@ -276,7 +276,7 @@ def test_11_2_a_second_stop_split_across_pieces_is_looked_for_in_the_held_text()
             finally:
                 self.stops = all_stops
 
-    not_yet(ch11.check_stop_matcher(OnlyFirstStopHeld), "could still become a stop string")
+    not_yet(ch11.check_stop_matcher(OnlyFirstStopHeld), "could still become 'END'", "longest end")
 
 
 @pytest.mark.parametrize("after", [np.int64(1), 4.0], ids=["np.int64", "float"])

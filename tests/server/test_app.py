@@ -33,8 +33,31 @@ def test_a_whole_chat_answer_and_the_same_answer_streamed(client, model_id):
     assert "".join(pieces) == text  # greedy: the same tokens, whole or streamed
     assert sum(1 for p in pieces if p) > 3  # it came in pieces, not at once
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
     assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize("asked", [None, {}, {"include_usage": False}, {"include_usage": True}])
+def test_usage_is_streamed_only_when_asked_in_a_last_chunk_without_choices(client, model_id, asked):
+    """OpenAI's rule: with stream_options.include_usage the stream ends with one more chunk, "choices": [] and the
+    usage, and every other chunk says usage null; without it no chunk carries usage. Chat and completions alike."""
+    extra = {} if asked is None else {"stream_options": asked}
+    wanted = bool(asked and asked.get("include_usage"))
+    prompts = (client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=1).usage.prompt_tokens,
+               client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=1)
+               .usage.prompt_tokens)
+    streams = (client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=6, temperature=0,
+                                              stream=True, **extra),
+               client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=6,
+                                         temperature=0, stream=True, **extra))
+    for prompt, chunks in zip(prompts, map(list, streams)):
+        body = chunks[:-1] if wanted else chunks
+        assert all(len(c.choices) == 1 and c.usage is None for c in body)
+        assert body[-1].choices[0].finish_reason == "length"
+        if wanted:
+            last = chunks[-1]
+            assert last.choices == [] and last.usage.completion_tokens == 6 and last.id == chunks[0].id
+            assert last.usage.prompt_tokens == prompt and last.usage.total_tokens == prompt + 6
 
 
 def test_two_requests_batched_together_give_what_each_gives_alone(client, model_id):
@@ -187,3 +210,22 @@ def test_presence_and_frequency_penalties_give_the_generation_sessions_answer(cl
     want = [s.token_id for s in session.generate(ids, chat=False) if s.token_id != real.tokenizer.eos_token_id]
     repeated = ask(extra_body={"repetition_penalty": 3.0})
     assert repeated == real.tokenizer.decode(want) and repeated != ask()
+
+
+def test_debug_calls_gives_the_model_calls_of_a_streamed_answer(server, client, model_id):
+    """Each decode token of an answer comes out of one step; GET /debug/calls has that step's model call, inside the
+    gap between the token and the one before it (engine clock), so a step splits into its call and the rest."""
+    import json
+
+    chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=6, temperature=0,
+                                                 stream=True))
+    record = {r["name"]: r for r in json.loads(server.get("/debug/requests"))["requests"]}[chunks[0].id]
+    calls = json.loads(server.get("/debug/calls?last=50"))["calls"]
+    assert 1 <= len(calls) <= 50 and json.loads(server.get("/debug/calls?last=0"))["calls"] == []
+    times = record["token_times_s"]
+    for before, after in zip(times, times[1:]):
+        inside = [c for c in calls if before <= c["start_s"] and c["end_s"] <= after + 1e-9]
+        assert len(inside) == 1 and inside[0]["kind"] == "decode" and inside[0]["rows"] == 1
+        assert 0 < inside[0]["measured_s"] <= after - before + 1e-9
+    reply = httpx.get(server.root + "/debug/calls?last=many", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "last"

@@ -156,4 +156,4 @@ def test_a_request_the_scheduler_has_just_admitted_is_not_counted_as_waiting_too
     submit()  # two in flight, two slots: this one waits, the queue's one place
     with pytest.raises(APIError) as refused:
         submit()
-    assert refused.value.status == 429 and "1 requests are waiting" in refused.value.message
+    assert refused.value.status == 429 and "1 requests wait for one" in refused.value.message

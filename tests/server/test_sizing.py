@@ -17,7 +17,7 @@ def test_the_limit_is_the_longest_queue_whose_drain_fits_the_objective():
     assert queue_limit(1.0, 0.2, 0.25) == 3  # a slower service rate: a shorter queue (0.75 s of waiting, 3 x 0.25)
     assert queue_limit(1.0, 0.2, 0.3) == 2  # 0.8 / 0.3 = 2.67: the 3rd would wait 0.9 s, past the 0.8 s left
     assert queue_limit(2.0, 0.2, 0.2) == 9  # a looser objective: a longer queue
-    # Little's law: limit x seconds per admission (the wait) + prefill stays within the objective, one more does not
+    # W = (q + 1) / mu: limit x seconds per admission (the wait) + prefill stays within the objective, one more does not
     for objective, prefill, per in [(0.9, 0.1, 0.07), (3.0, 0.45, 0.33), (0.5, 0.05, 0.01)]:
         n = queue_limit(objective, prefill, per)
         assert n * per + prefill <= objective + 1e-9 < (n + 1) * per + prefill

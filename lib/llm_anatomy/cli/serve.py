@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per engine step, decodes first, then prompt chunks ('none': whole prompts)")
     p.add_argument("--max-waiting", type=_limit, default=None,
                    help="requests that may wait for a slot; more get 429 (default: no limit). 'auto': the longest "
-                        "queue whose drain at the measured service rate fits the TTFT objective (Little's law)")
+                        "queue whose drain at the measured service rate fits the TTFT objective (a request behind q "
+                        "others waits (q + 1) / mu)")
     p.add_argument("--ttft-objective-ms", type=float, default=None,
                    help="the TTFT objective of --max-waiting auto (default: 3x the shortest recent prefill)")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")

@@ -9,6 +9,7 @@ server's own `sse` and `admission`, are refused while the learner's code runs).
 from __future__ import annotations
 
 import json
+import re
 
 from ..generate import stops as stops_module
 from ..server import engine, schemas
@@ -27,6 +28,11 @@ def _decode(raw: bytes) -> list:
     return list(SSEDecoder().iter_bytes(iter([raw[:half], raw[half:]])))
 
 
+def _lines(raw: bytes) -> list[bytes]:
+    """The lines of an event stream, as the SSE standard splits them: at CRLF, LF or CR."""
+    return re.split(rb"\r\n|\r|\n", raw)
+
+
 @exercise
 @hints("An event is a line that starts with `data: ` and the payload, and then an empty line.",
        "json.dumps writes the payload on one line (a newline inside a string becomes the two characters \\n); the "
@@ -41,9 +47,12 @@ def check_sse_event(sse_event) -> str:
             raw = call(sse_event, json.loads(json.dumps(payload)))
         expect(isinstance(raw, (bytes, str)), f"return the event as bytes (or text), not {type(raw).__name__}.")
         raw = raw.encode() if isinstance(raw, str) else raw
-        expect(raw.startswith(b"data:"), f"an event's line starts with `data: `; yours starts {raw[:12]!r}.")
-        expect(raw.endswith((b"\n\n", b"\r\n\r\n", b"\r\r")), "end the event with an empty line: the data line's "
-               f"newline and one more (b\"\\n\\n\"); yours ends {raw[-6:]!r}, so the client waits for more.")
+        # Any event the standard allows and the openai client reads passes: `id:`, `event:`, `retry:` or comment
+        # lines around the data line, and CRLF or CR line endings. The check reads what the client reads.
+        expect(any(line.startswith(b"data:") for line in _lines(raw)),
+               f"an event carries its payload on a line that starts with `data: `; yours has none: {raw[:40]!r}.")
+        expect(_decode(raw) != [], "end the event with an empty line: the data line's newline and one more "
+               f"(b\"\\n\\n\"); yours ends {raw[-6:]!r}, so the client waits for more.")
         events = _decode(raw + schemas.DONE)
         expect(len(events) == 2, f"the client read {len(events) - 1} events where you sent one: a newline inside the "
                                  "payload ended it early; let json.dumps write it on one line.")
@@ -67,7 +76,9 @@ _STREAMS = [(["The answer", " is: 4", "2.\n\nUs", "er: more"], ["\n\nUser:"]),  
             (["<", "|im", "_e", "nd|", ">tail"], ["<|im_end|>"]),
             (["Hi", " S", "T"], ["STOP"]),  # the stream ends while text is held back: flush gives it
             (["x;", " E", "N", "D!"], [";;", "END"]),  # the second stop string, split across pieces
-            (["ab END c ;; d"], [";;", "END"])]  # two stops in one text: the one that comes first in it wins
+            (["ab END c ;; d"], [";;", "END"]),  # two stops in one text: the one that comes first in it wins
+            (["xaba", "b", "!"], ["abab"]),  # the stop string begins with its own end: hold back "aba", not "a"
+            (["baa", "a", "c"], ["aaa"])]
 
 
 @exercise
@@ -106,10 +117,17 @@ def check_stop_matcher(Matcher) -> str:
                                                         f"order in the list; you showed {leaked!r}.")
                 expect(leaked is None, f"your matcher showed the stop string {leaked!r} (after {seen!r}): the stop "
                                        "string itself is never shown, and nothing after it.")
-                expect(not (len(got) > len(expected) and any(text.endswith(s[:k]) for s in stops
-                                                             for k in range(1, len(s)))),
-                       f"after {seen!r} you showed {got!r}, but its end could still become a stop string: hold back "
-                       "the longest end of the text that begins some stop string.")
+                # the longest end of what was shown that begins a stop string, when more was shown than the reference
+                tail = next(((s, s[:k]) for s in stops for k in range(len(s) - 1, 0, -1) if text.endswith(s[:k])),
+                            None) if len(got) > len(expected) else None
+                stop, begun = tail or (None, None)
+                expect(tail is None or text != seen, f"after {seen!r} you showed {got!r}, but its end {begun!r} could "
+                       f"still become {stop!r}: hold back the longest end of the text that begins some stop string.")
+                held = seen[len("".join(expectations[:len(shown)])):]  # what the reference holds back here
+                expect(tail is None, f"after {seen!r} you showed {got!r} and held back only {seen[len(text):]!r}, "
+                       f"but the longer end {held!r} begins {stop!r} too and could still become it: hold back the "
+                       "LONGEST end that begins a stop string, not the shortest (a stop string such as 'abab' begins "
+                       "with its own end).")
                 expect(got == expected, f"after {seen!r} show {expected!r}, not {got!r}: "
                                         + ("you held back text that cannot begin any stop string; show it now, a user "
                                            "is waiting." if len(got) < len(expected) else "compare your cut with the "

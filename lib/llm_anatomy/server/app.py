@@ -6,12 +6,15 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
+    GET  /debug/calls           the scheduler's recent model calls: when each ran (engine clock) and what it took
     PUT  /debug/max-waiting     {"max_waiting": 4}, "auto" or null: change the queue's limit (notebook 11, bench api)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
 key), and when the queue is full (429, with Retry-After). A stream whose client goes away is cancelled: Starlette
 stops the response, and the `finally` below tells the engine, whose next round frees the request's blocks.
+A stream sends its usage as OpenAI does: only with `stream_options: {"include_usage": true}`, in one more chunk after
+the finish reason's, with `"choices": []`.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Server:
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self._guard(self.prometheus), methods=["GET"]),
                   Route("/debug/requests", self._guard(self.records), methods=["GET"]),
+                  Route("/debug/calls", self._guard(self.calls), methods=["GET"]),
                   Route("/debug/max-waiting", self._guard(self.queue_limit), methods=["PUT"])]
 
         async def http_error(request, exc: HTTPException):
@@ -133,6 +137,17 @@ class Server:
     async def records(self, request):
         return JSONResponse({"clock": self.engine.clock(), "queue_limit": self.engine.queue_limit(),
                              "requests": list(self.engine.records)})
+
+    async def calls(self, request):
+        """The last `last` (default 200) model calls, so that a step's time can be split into its model call and the
+        rest (scheduling, sampling, the hand-over). deque.copy runs in C under the interpreter lock: the engine thread
+        cannot append halfway through it."""
+        last = request.query_params.get("last", "200")
+        if not last.isdigit():
+            raise APIError(400, f"last must be a whole number of calls, not {last!r}.", param="last")
+        copied = list(self.engine.scheduler.calls.copy())
+        calls = copied[max(0, len(copied) - int(last)):]
+        return JSONResponse({"clock": self.engine.clock(), "calls": [c._asdict() for c in calls]})
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))
@@ -207,6 +222,7 @@ class Server:
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         live = self.engine.submit(ids, params, put, name=name, received_s=received)
         reply = schemas.Reply(name, int(time.time()), self.name, kind)
+        reply.usage_asked = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         if req.stream:
             return StreamingResponse(self._stream(live, events, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -230,8 +246,9 @@ class Server:
                     yield data
                 elif event[0] == "finish":
                     event[2]["first_sent_s"] = live.first_sent_s  # the record was made before, on the engine thread
-                    yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1],
-                                                  usage_=self._usage(live, event[2])))
+                    yield schemas.sse(reply.chunk("" if reply.kind == "text" else {}, finish=event[1]))
+                    if reply.usage_asked:  # OpenAI's rule: a chunk of its own, "choices": [], only when asked for
+                        yield schemas.sse(reply.usage_chunk(self._usage(live, event[2])))
                     break
                 else:  # the engine failed: the status is sent already, so the error is an event (as OpenAI does)
                     yield schemas.sse(APIError(500, event[1], "server_error").body())

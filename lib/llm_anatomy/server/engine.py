@@ -83,7 +83,8 @@ class EngineLoop:
     model: a ScratchLlama; tokenizer: its transformers tokenizer (the chat template, decode). The pool holds
     kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
     max_waiting: requests that may wait for a slot (None: no limit; "auto": sized from ttft_objective_s, seconds, or
-    by default 3x the shortest recent prefill, by Little's law: sizing.py); metrics: a server.metrics.Metrics, or None.
+    by default 3x the shortest recent prefill, by the bound W = (q + 1) / mu: sizing.py); metrics: a
+    server.metrics.Metrics, or None.
     prefill_first: a step with prompt tokens to run runs only those (serve/scheduler.py), so that a new request's
     first token does not also wait for the running requests' decode step; they wait that one step instead.
     """
@@ -172,8 +173,9 @@ class EngineLoop:
             if not ok:
                 if self.metrics is not None:
                     self.metrics.rejected.inc()
-                raise APIError(429, f"The server is busy: {queued} requests are waiting already, the most "
-                                    f"it queues. Retry after {retry_after} s.", "requests", code="rate_limit_exceeded",
+                raise APIError(429, f"The server is busy: its {self.scheduler.max_batch} batch slots are taken "
+                                    f"and {queued} requests wait for one, the most it queues. Retry after "
+                                    f"{retry_after} s.", "requests", code="rate_limit_exceeded",
                                headers={"Retry-After": str(retry_after)})
             self._unadmitted += 1
             self._in_flight += 1

@@ -59,7 +59,7 @@ class Message(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = True
+    include_usage: bool = False  # OpenAI's rule: usage is streamed only when asked for, in a last chunk of its own
 
 
 class _Sampling(_Strict):
@@ -198,6 +198,7 @@ class Reply:
     def __init__(self, rid: str, created: int, model: str, kind: str):
         self.id, self.created, self.model, self.kind = rid, created, model, kind
         self.offset = 0  # characters streamed so far (the legacy logprobs' text_offset)
+        self.usage_asked = False  # stream_options.include_usage: every chunk says "usage": null, the last has it
 
     def chunk(self, text: str | dict, finish: str | None = None, logprobs=None, usage_: dict | None = None) -> dict:
         """One chunk of a stream: its text (chat: or a whole delta, such as the first one's role), or its end."""
@@ -207,6 +208,12 @@ class Reply:
         chunk = self._body("text_completion", {"text": text}, finish, logprobs, usage_)
         self.offset += len(text)
         return chunk
+
+    def usage_chunk(self, usage_: dict) -> dict:
+        """The stream's last chunk when the client asked for usage: no choices, only the counts (as OpenAI sends)."""
+        kind = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [],
+                "usage": usage_}
 
     def whole(self, text: str, finish: str, logprobs, usage_: dict) -> dict:
         """The whole answer, not streamed."""
@@ -221,6 +228,6 @@ class Reply:
                 legacy_logprobs(logprobs, self.offset)
         body = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": [{"index": 0, **content, "logprobs": logprobs, "finish_reason": finish}]}
-        if usage_ is not None:
+        if usage_ is not None or self.usage_asked:
             body["usage"] = usage_
         return body

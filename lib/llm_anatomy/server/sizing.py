@@ -1,9 +1,10 @@
 """How many requests a server may keep waiting: the queue limit sized from a TTFT objective (`--max-waiting auto`).
 
-A request that joins the queue behind `q` others gets a batch slot after q + 1 admissions, so it waits about
-(q + 1) x the seconds between admissions, and then its own prefill comes. Little's law says the same for the whole
-queue: the requests waiting = the rate they leave it x how long each waits. So the longest queue whose drain time at the
-measured service rate still fits the objective is
+A request that joins the queue behind `q` others gets a batch slot after q + 1 admissions (theirs and its own), so at
+the measured service rate mu (admissions per second) it waits W = (q + 1) / mu, and then its own prefill comes. That is
+a deterministic bound, every admission taking the measured mean time; it is not Little's law (L = lambda x W, which
+relates long-run averages, not one request's wait). A request admitted while fewer than `limit` wait has at most
+limit - 1 ahead of it, so it waits at most limit / mu; the longest queue that still fits the objective is
 
     limit = floor((ttft_objective - prefill) / seconds_per_admission)
 
