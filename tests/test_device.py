@@ -92,18 +92,28 @@ def test_usable_cores_is_at_most_torchs_choice_and_the_affinity():
 
 @pytest.mark.timeout(60)
 def test_a_burned_core_is_seen_and_this_process_is_not():
-    quiet = dev.busy_cores(0.3)
-    stop = time.monotonic() + 1.0
+    def own_thread_busy():
+        stop = time.monotonic() + 0.5
 
-    def spin():
-        while time.monotonic() < stop:  # bounded: one second
-            pass
+        def spin():
+            while time.monotonic() < stop:  # bounded: half a second
+                pass
 
-    spinner = threading.Thread(target=spin)
-    spinner.start()  # this process's own busy thread: not another program
-    own = dev.busy_cores(0.3)
-    spinner.join()
-    assert own < quiet + 0.5, f"this process's own thread counted as busy: {own:.2f} against {quiet:.2f} quiet"
+        spinner = threading.Thread(target=spin)
+        spinner.start()  # this process's own busy thread: not another program
+        busy = dev.busy_cores(0.3)
+        spinner.join()
+        return busy
+
+    # In turns, up to three rounds: another program that gets busy between two readings moves one round, while
+    # counting this process's own thread would add a whole core to every round.
+    rounds = []
+    for _ in range(3):
+        quiet, own = dev.busy_cores(0.3), own_thread_busy()
+        rounds.append((quiet, own))
+        if own < quiet + 0.5:
+            break
+    assert own < quiet + 0.5, f"this process's own thread counted as busy: (quiet, own) = {rounds}"
     if quiet > dev.usable_cores() - 1.25:  # another program holds the cores already: none left to burn and see
         pytest.skip(f"{quiet:.2f} of {dev.usable_cores()} cores were busy before the burner started")
     with busy_check.burning(1, seconds=30):
