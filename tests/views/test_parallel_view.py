@@ -68,9 +68,10 @@ def test_the_measured_step_draws_each_rank_the_prediction_and_every_all_reduce()
 
 def test_the_link_fit_draws_the_repeats_the_medians_and_the_line():
     sweep = {4: [1e-3, 1.1e-3], 4096: [1.1e-3, 1.2e-3], 1 << 20: [3e-3, 3.5e-3]}
-    ax = plot_link_fit(sweep, Link(1e-3, 5e8), marks={"one token": 2304})
+    ax = plot_link_fit(sweep, Link(1e-3, 5e8), marks={"one token": 2304}, fitted_to="each size's fastest repeat")
     assert ax.get_xscale() == "log" and "(bytes)" in ax.get_xlabel() and "(ms)" in ax.get_ylabel()
-    assert "1.000 ms + bytes / 0.50 GB/s" in [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "fitted to each size's fastest repeat: 1.000 ms + bytes / 0.50 GB/s" in legend, legend
     assert "one token" in _texts(ax)
     plt.close("all")
 

@@ -1,7 +1,7 @@
-"""Exercises 10.4 to 10.6 of notebook 10: the pieces of the parallel model that talk, built by the learner.
+"""Exercises 10.2, 10.3 and 10.6 of notebook 10: the pieces of the parallel model that talk, built by the learner.
 
-10.4: RowParallelLinear.forward (this rank's share of the inputs times its block of the weight, then an all-reduce).
-10.5: the vocabulary split of the embedding: each rank's padded slice of the table, and VocabParallelEmbedding.forward
+10.2: RowParallelLinear.forward (this rank's share of the inputs times its block of the weight, then an all-reduce).
+10.3: the vocabulary split of the embedding: each rank's padded slice of the table, and VocabParallelEmbedding.forward
 (zeros for the ids another rank holds, then an all-reduce).
 10.6: the GPipe stage loop: micro-batches through the stages, tick by tick, as pipeline.schedule times them.
 
@@ -114,7 +114,7 @@ def _output_of(out, ranks: SimulatedRanks, rank: int, want: torch.Tensor, where:
                   f"by up to {(out.double() - want.double()).abs().max().item():g}.")
 
 
-# --------------------------------------------------------------------------------------------- 10.4
+# --------------------------------------------------------------------------------------------- 10.2
 
 
 def _run_row(cls, weight, x, tp, site, guard):
@@ -148,7 +148,7 @@ def _run_row(cls, weight, x, tp, site, guard):
        "def forward(self, x): partial = x @ self.weight.T  (x is [batch, seq, in / tp], self.weight [out, in / tp]); "
        "return self.comm.all_reduce(partial, self.site)")
 def check_row_parallel_linear(layer_class) -> str:
-    """Exercise 10.4: a subclass of RowParallelLinear whose forward(x) gives every rank the whole layer's output."""
+    """Exercise 10.2: a subclass of RowParallelLinear whose forward(x) gives every rank the whole layer's output."""
     from ..distributed.tensor_parallel import RowParallelLinear
 
     _module_class(layer_class, RowParallelLinear, "forward(self, x)")
@@ -180,7 +180,7 @@ def check_row_parallel_linear(layer_class) -> str:
             "sums gives every rank the whole output: o_proj and down, as the library runs them.")
 
 
-# --------------------------------------------------------------------------------------------- 10.5
+# --------------------------------------------------------------------------------------------- 10.3
 
 
 def _vocab_cases():
@@ -211,7 +211,7 @@ def _ids_for(vocab: int, rows: int, tp: int, g) -> torch.Tensor:
        "mine = (local >= 0) & (local < self.num_embeddings); x = self.weight[local.clamp(0, self.num_embeddings - 1)]; "
        "x = x * mine.unsqueeze(-1); return self.comm.all_reduce(x, 'embedding')")
 def check_vocab_parallel_embedding(vocab_shard, embedding_class) -> str:
-    """Exercise 10.5: vocab_shard(table, rank, tp) -> (rank's padded rows, its first id), and a subclass of
+    """Exercise 10.3: vocab_shard(table, rank, tp) -> (rank's padded rows, its first id), and a subclass of
     VocabParallelEmbedding whose forward(ids) gives every rank each id's row of the whole table."""
     from ..distributed import tensor_parallel
     from ..distributed.tensor_parallel import VocabParallelEmbedding

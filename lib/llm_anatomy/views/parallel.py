@@ -134,7 +134,7 @@ def plot_tp_measured(steps_s: list[float], calls: list[list[tuple[str, str, int,
     each.axhline(link.seconds(nbytes) * 1e3, color="grey", ls="--", lw=1,
                  label=f"fitted: {link.seconds(nbytes) * 1e3:.3f} ms")
     each.set(yscale="log", xlabel="layer", ylabel="one all-reduce (ms, log scale)",
-             title="Each all-reduce of that step, rank 0")
+             title="The blocks' all-reduces of that step, rank 0")
     each.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
     each.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
     each.yaxis.set_minor_formatter(ticker.NullFormatter())
@@ -144,9 +144,10 @@ def plot_tp_measured(steps_s: list[float], calls: list[list[tuple[str, str, int,
 
 
 def plot_link_fit(seconds_by_size: dict[int, list[float]], link, marks: dict[str, int] | None = None, ax=None,
-                  title: str | None = None):
+                  title: str | None = None, fitted_to: str = "the medians"):
     """An all-reduce's time against its size: every repeat (dots), their median (circles) and the fitted line
-    latency + bytes / bandwidth; `marks` draws labelled vertical lines at message sizes (bytes). Log-log."""
+    latency + bytes / bandwidth, its legend naming the points it was fitted to (`fitted_to`: fit_link's pick);
+    `marks` draws labelled vertical lines at message sizes (bytes). Log-log."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -159,11 +160,11 @@ def plot_link_fit(seconds_by_size: dict[int, list[float]], link, marks: dict[str
             label="median of the repeats")
     line = np.geomspace(sizes[0], sizes[-1], 50)
     ax.plot(line, [1e3 * link.seconds(n) for n in line], "-", color="#c44e52",
-            label=f"{link.latency_s * 1e3:.3f} ms + bytes / {link.bytes_per_s / 1e9:.2f} GB/s")
+            label=f"fitted to {fitted_to}: {link.latency_s * 1e3:.3f} ms + bytes / {link.bytes_per_s / 1e9:.2f} GB/s")
     for i, (label, n) in enumerate((marks or {}).items()):
         ax.axvline(n, color="grey", ls=":", lw=1)
         ax.annotate(label, (n, 0.97 - 0.1 * i), xycoords=("data", "axes fraction"), fontsize=7, ha="left",
-                    xytext=(3, 0), textcoords="offset points", va="top")
+                    xytext=(6, 0), textcoords="offset points", va="top")  # clear of its dotted line
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="one all-reduce (ms)",
            title=title or "What one all-reduce costs here")
     ax.legend(fontsize=7, loc="lower right")
