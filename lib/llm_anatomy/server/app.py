@@ -25,6 +25,7 @@ import contextlib
 import hmac
 import random
 import threading
+import sys
 import time
 import uuid
 
@@ -150,7 +151,8 @@ class Server:
         copied = list(self.engine.scheduler.calls.copy())
         calls = copied[max(0, len(copied) - int(last)):]
         return JSONResponse({"clock": self.engine.clock(), "calls": [c._asdict() for c in calls],
-                             "torch_threads": torch.get_num_threads()})  # this process's, for a kernel to compare
+                             "torch_threads": torch.get_num_threads(),  # this process's, for a kernel to compare
+                             "switch_interval_s": sys.getswitchinterval()})  # how long a thread may keep the GIL
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))

@@ -137,7 +137,8 @@ def load_before_capacity(by_rate: dict[float, tuple[float, float]], capacity: fl
                        for rate in sorted(by_rate) if rate <= 1.0001 * capacity)
     no_queue = [f"{rate / capacity:.2f}x" for rate in sorted(by_rate)
                 if rate <= 1.0001 * capacity and slots is not None and requests.get(rate, slots + 1) <= slots]
-    queue = (f"; at {', '.join(no_queue)} the run sent no more requests than the {slots} batch slots, so none could "
+    queue = (f"; {'the runs' if len(no_queue) > 1 else 'the run'} at {' and '.join(no_queue)} "
+             f"{'each ' if len(no_queue) > 1 else ''}sent no more requests than the {slots} batch slots, so none could "
              "wait for a slot there: a rise there is the wait for the step in flight and for others' prefill steps"
              if no_queue else "")
     return not_shown("C24", f"that the TTFT grows before throughput stops growing: measured {points}{queue}; a few "
