@@ -106,6 +106,8 @@ def test_the_bubble_plot_draws_the_run_the_lines_read_when_given():
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["each run", "the fastest run (the lines below)", "(p - 1) / (m + p - 1)"]
     assert list(ax.get_lines()[-2].get_ydata()) == [50, 30, 22]  # those runs, not the medians (32.5, 21)
+    busy = plot_bubble({1: [0.56, 0.7], 2: [0.54, 0.8]}, 2, fastest={1: 0.56, 2: 0.54})
+    assert busy.get_ylim()[1] >= 80  # a run whose stages took turns (above one half) is still on the plot
     plt.close("all")
 
 

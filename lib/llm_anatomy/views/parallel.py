@@ -231,7 +231,8 @@ def plot_bubble(measured: dict[int, list[float]], stages: int, ax=None, fastest:
     grid = [m / 4 for m in range(4, 4 * ms[-1] + 1)]
     ax.plot(grid, [100 * (stages - 1) / (m + stages - 1) for m in grid], "-", color="#c44e52",
             label="(p - 1) / (m + p - 1)")
-    ax.set(xlabel="micro-batches m", ylabel="time each stage idles (%)", ylim=(0, 100 * (stages - 1) / stages + 10),
+    top = max(100 * (stages - 1) / stages + 10, 105 * max(map(max, measured.values())))  # every run on the plot
+    ax.set(xlabel="micro-batches m", ylabel="time each stage idles (%)", ylim=(0, min(100, top)),
            title=f"The bubble of {stages} stages")
     ax.set_xticks(ms)
     ax.legend(fontsize=7)
