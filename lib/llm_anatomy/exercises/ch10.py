@@ -1,6 +1,7 @@
 """Checks for notebook 10 (beyond one device): the column and row split of one linear layer (10.1), the all-reduces
-of one forward pass (10.4), and a TP step's time predicted from the measured latency (10.5); the row-parallel layer, the
-embedding split by vocabulary, exercises 10.2 and 10.3, are in ch10_parallel.py; the GPipe loop, 10.6, in ch10_gpipe.py."""
+of one forward pass (10.4), and a TP step's time predicted from the measured latency (10.5); the row-parallel layer,
+the embedding split by vocabulary, exercises 10.2 and 10.3, are in ch10_parallel.py; the GPipe loop, 10.6, in
+ch10_gpipe.py."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def check_column_and_row_split(column_split, row_split) -> str:
        "adds one more. Each all-reduce sums a whole hidden state: batch x tokens x hidden numbers.",
        "return 2 * cfg.num_layers + 1, batch * tokens * cfg.hidden_size * bytes_per_element")
 def check_all_reduce_traffic(traffic) -> str:
-    """Exercise 10.4: traffic(cfg, batch, tokens, bytes_per_element) -> (all-reduces, bytes each) of one forward pass."""
+    """Exercise 10.4: traffic(cfg, batch, tokens, bytes_per_element) -> (all-reduces, bytes each), one forward pass."""
     from ..distributed.collectives import tp_step_collectives
     from ..model.scratch import ScratchConfig
 

@@ -143,9 +143,9 @@ def load_before_capacity(by_rate: dict[float, tuple[float, float]], capacity: fl
              if no_queue else "")
     return not_shown("C24", f"that the TTFT grows before throughput stops growing: measured {points}{queue}; a few "
                             "requests per rate on a shared 2-core machine cannot separate a rise below capacity from "
-                            "noise, or from a server whose TTFT stays flat until it is full, and the served share of a "
-                            "run of 3 or 4 requests is set by when its last answer ends, not by the rate (this run's 4x "
-                            "point shows only the waiting past capacity)",
+                            "noise, or from a server whose TTFT stays flat until it is full, and the served share of "
+                            "a run of 3 or 4 requests is set by when its last answer ends, not by the rate (this run's "
+                            "4x point shows only the waiting past capacity)",
                      "longer runs (a hundred requests or more per rate) at 0.5x and 0.75x the measured capacity on an "
                      "idle machine or a GPU, their median TTFT against the 0.25x one while the served rate keeps up")
 

@@ -5,7 +5,7 @@ the measured service rate mu (admissions per second) it waits W = (q + 1) / mu, 
 the expected wait if every admission took the mean time, not a bound (an admission slower than the mean makes it
 longer); nor is it Little's law (L = lambda x W, which relates long-run averages, not one request's wait). A request
 admitted while fewer than `limit` wait has at most limit - 1 ahead of it, so it is expected to wait about limit / mu;
-the longest queue that still fits the objective is
+the largest limit that still fits the objective is
 
     limit = floor((ttft_objective - prefill) / seconds_per_admission)
 
