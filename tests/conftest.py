@@ -130,6 +130,14 @@ def _fast_run(config, items) -> None:
         items[:] = keep
 
 
+def pytest_configure(config):
+    """make test's busy-machine reruns run beside the unit tests (tests/busy_background.py)."""
+    from busy_background import NAME, BusyBackground
+
+    if not config.pluginmanager.has_plugin(NAME):
+        config.pluginmanager.register(BusyBackground(), NAME)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("LLM_ANATOMY_FAST"):
         _fast_run(config, items)

@@ -90,6 +90,7 @@ def test_usable_cores_is_at_most_torchs_choice_and_the_affinity():
         assert cores <= len(os.sched_getaffinity(0))
 
 
+@pytest.mark.quiet
 @pytest.mark.timeout(60)
 def test_a_burned_core_is_seen_and_this_process_is_not():
     def own_thread_busy():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import sys
 import time
@@ -99,11 +100,83 @@ def _burn(seconds: float) -> None:
         pass
 
 
+WINDOW_S = 0.2  # a top-up burner decides every this many seconds whether to spin or to sleep
+
+
+def _tree(root: int) -> set[int]:
+    """`root` and every process below it (Linux: /proc/<pid>/task/<tid>/children)."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split() if int(c) not in found]
+        except OSError:
+            continue
+    return found
+
+
+def _jiffies(pid: int) -> int:
+    """The CPU time of one process, every thread (user + system), in clock ticks; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _machine_busy() -> int:
+    """Every core's busy time since boot (all but idle and iowait), in clock ticks."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values) - values[3] - values[4]
+
+
+def others_load(root: int, before: tuple[float, int, dict[int, int]] | None = None):
+    """The cores that processes outside `root`'s tree kept busy since `before` (None: start counting); returns
+    (cores or None, the state to pass next time)."""
+    now = (time.monotonic(), _machine_busy(), {pid: _jiffies(pid) for pid in _tree(root)})
+    if before is None:
+        return None, now
+    seconds = now[0] - before[0]
+    mine = sum(j - before[2].get(pid, 0) for pid, j in now[2].items())
+    hz = os.sysconf("SC_CLK_TCK")
+    return max(0.0, (now[1] - before[1] - mine) / hz / seconds) if seconds > 0 else None, now
+
+
+def _top_up(seconds: float, cores: float, root: int, read_load=None, spin=None, rest=time.sleep) -> None:
+    """Spin only while the processes outside `root`'s tree (the runner, its kernel and the burners) keep fewer than
+    `cores` cores busy: the notebook always has at least that much other work beside it, and no core is burned
+    when other work (the unit tests of the same pytest session, say) already keeps it busy. The first window spins;
+    each later one spins or rests on the last window's reading (`read_load`, `spin` and `rest` stand in for the
+    machine in tests)."""
+    end = time.monotonic() + seconds
+    if read_load is None:
+        try:
+            state = others_load(root)[1]
+        except (OSError, ValueError):  # no /proc: burn as _burn does
+            return _burn(seconds)
+
+        def read_load():
+            nonlocal state
+            load, state = others_load(root, state)
+            return load
+
+    spin = spin or _burn
+    busy = True
+    while time.monotonic() < end:
+        (spin if busy else rest)(WINDOW_S)
+        load = read_load()
+        busy = load is None or load < cores
+
+
 @contextmanager
-def burning(cores: int, seconds: float = 1800):
-    """`cores` processes spinning (spawned, stopped on the way out) while the block runs."""
+def burning(cores: int, seconds: float = 1800, top_up: bool = False):
+    """`cores` processes spinning (spawned, stopped on the way out) while the block runs. With `top_up`, burner k
+    spins only while other programs keep fewer than k + 1 cores busy (see _top_up)."""
     context = multiprocessing.get_context("spawn")
-    burners = [context.Process(target=_burn, args=(seconds,), daemon=True) for _ in range(cores)]
+    burners = [context.Process(target=_top_up, args=(seconds, k + 1, os.getpid()), daemon=True) if top_up else
+               context.Process(target=_burn, args=(seconds,), daemon=True) for k in range(cores)]
     for p in burners:
         p.start()
     try:
@@ -142,7 +215,8 @@ def idle_seconds(nb) -> float | None:
     return nb.metadata.get(BOOK_KEY, {}).get("seconds")
 
 
-def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path | None = None, log=print) -> dict:
+def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path | None = None, log=print,
+          top_up: bool = False) -> dict:
     """One notebook: its idle verdicts (the executed copy, or a run now), then a run per setting in `burns` (cores
     burned). Returns {"notebook", "idle_s", "idle_failures", "runs": [{"burn", "seconds", "ratio", "differences"}]}."""
     import nbformat
@@ -157,7 +231,7 @@ def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path 
     found = verdicts(nb)
     result = {"notebook": notebook.name, "idle_s": seconds, "idle_failures": failures(found), "runs": []}
     for burn in burns:
-        with burning(burn):
+        with burning(burn, top_up=top_up):
             busy_nb, busy_s = execute(notebook)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +246,24 @@ def check(notebook: Path, burns: list[int], idle: Path | None = None, out: Path 
             + (f" ({ratio:.2f}x idle)" if ratio else "") + (": the same verdicts" if not diff else
                                                             ":\n  " + "\n  ".join(diff)))
     return result
+
+
+def busy_runs(notebooks: list[Path], out: Path, burn: int = 1, top_up: bool = False, log=print) -> dict:
+    """Each notebook run with `burn` cores burned (topped up, with `top_up`), its executed copy kept as
+    out/<stem>.burn<burn>.ipynb and its seconds in out/busy.json, written after each notebook; the comparison with an
+    idle run is left to the caller (tests/test_busy_machine.py reads these when make test ran them beside the unit
+    tests: tests/busy_background.py)."""
+    import nbformat
+
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = {}
+    for notebook in notebooks:
+        with burning(burn, top_up=top_up):
+            nb, seconds[notebook.name] = execute(notebook)
+        nbformat.write(nb, str(out / f"{notebook.stem}.burn{burn}.ipynb"))
+        (out / "busy.json").write_text(json.dumps(seconds, indent=1) + "\n")
+        log(f"{notebook.name}: {burn} core(s) burned{' (topped up)' if top_up else ''} {seconds[notebook.name]:.0f} s")
+    return seconds
 
 
 def too_slow(run: dict) -> bool:
@@ -210,11 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burn", type=int, action="append", help="cores to keep busy during a run; repeat for several "
                                                              "settings (default: 1)")
     p.add_argument("--out", type=Path, help="keep the busy runs' executed copies and summary.json here")
+    p.add_argument("--busy-only", action="store_true", help="no idle run and no comparison: only the busy runs, "
+                                                             "kept in --out (for tests/test_busy_machine.py)")
+    p.add_argument("--top-up", action="store_true", help="burn only what other programs leave free of the --burn "
+                                                          "cores (see _top_up)")
     args = p.parse_args(argv)
     burns = args.burn or [1]
     if any(b < 1 for b in burns):
         p.error("--burn takes a number of cores, at least 1")
-    results = [check(nb, burns, args.idle, args.out) for nb in args.notebooks]
+    if args.busy_only:
+        if args.out is None or len(burns) != 1:
+            p.error("--busy-only needs --out and one --burn")
+        busy_runs(args.notebooks, args.out, burns[0], args.top_up)
+        return 0
+    results = [check(nb, burns, args.idle, args.out, top_up=args.top_up) for nb in args.notebooks]
     print(table(results, burns))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

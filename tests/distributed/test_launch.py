@@ -3,6 +3,8 @@ and error, a rank that never joins is a clear timeout, a stalled run meets its d
 
 from __future__ import annotations
 
+import os
+
 import time
 
 import psutil
@@ -15,11 +17,23 @@ from llm_anatomy.distributed.launch import pick_backend, run_ranks
 from llm_anatomy.errors import CourseError
 
 
+def _busy_reruns() -> set[int]:
+    """make test's busy-machine reruns, which run beside the unit tests (tests/busy_background.py): their burners are
+    spawned too, and are not ranks."""
+    try:
+        root = psutil.Process(int(os.environ["LLM_ANATOMY_BUSY_RERUNS_PID"]))
+        return {root.pid, *(p.pid for p in root.children(recursive=True))}
+    except (KeyError, ValueError, psutil.Error):
+        return set()
+
+
 def _children() -> set[int]:
     """This process's live ranks: the processes multiprocessing spawned (spawn_main), not its resource tracker (one
     per parent, by design), and not another test's helpers (a browser test's Chromium starts utility processes late)."""
-    out = set()
+    out, beside = set(), _busy_reruns()
     for p in psutil.Process().children(recursive=True):
+        if p.pid in beside:
+            continue
         try:
             command = " ".join(p.cmdline())
             if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in command and "resource_tracker" not in command:
