@@ -1,11 +1,11 @@
 """Every timed notebook tells the same story on a busy machine (issues 23 and 35): run with a second process burning
 one core, notebooks 05, 06, 07 and 09 give the same claim verdicts as in an idle run (08 and the rest are run so by
-`make busy-check`: CI's time goes to the four whose claims are most timing-bound). The idle run is nbval's own run of each
-notebook earlier in this session when there was one (tools/site/capture.py kept it, and puts this test after the
-notebooks); else this test runs it idle first. The busy run: in make test it ran beside the unit tests, with a burner
-topping their work up to a core (tests/busy_background.py, issue 46); run alone, this test burns a core and runs it. tools/busy_check.py does the work (`make busy-check` runs every
-notebook with one and with both cores burned, and prints the table of times); its verdict reading is checked here on
-made-up outputs."""
+`make busy-check`: CI's time goes to the four whose claims are most timing-bound). The idle run is nbval's own run of
+each notebook earlier in this session when there was one (tools/site/capture.py kept it, and puts this test after the
+notebooks); else this test runs it idle first. The busy run: in make test it ran beside the unit tests, a burner
+topping their work up to a core (tests/busy_background.py, issue 46); run alone, this test burns a core and runs it.
+tools/busy_check.py does the work (`make busy-check` runs every notebook with one and with both cores burned, and
+prints the table of times); its verdict reading is checked here on made-up outputs."""
 
 from __future__ import annotations
 
