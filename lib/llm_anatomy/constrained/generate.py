@@ -125,10 +125,13 @@ def check_c26(model, tokenizer, schema: dict, prompt, masker: TokenMasker, *, n:
     params = SamplingParams(temperature=1.0)
     answers = [constrained_generate(model, tokenizer, prompt, masker, params, seed=seed + i,
                                     max_new_tokens=max_new_tokens) for i in range(n)]
-    good = [a for a in answers if parses(a.text, schema)]
-    bad = [a.text for a in answers if not parses(a.text, schema)]
-    evidence = (f"{len(good)} of {n} answers sampled at temperature 1 under the mask parse and validate against the "
-                f"schema" + (f"; the first that does not: {bad[0]!r}" if bad else ""))
+    # an answer counts when the model ended it (EOS) and it parses and validates; one that a token took out of the
+    # pattern (only a buggy mask allows such a token) ends there, unfinished: an engine would have nothing to sample
+    good = [a for a in answers if a.finished and parses(a.text, schema)]
+    bad = [a for a in answers if a not in good]
+    evidence = (f"{len(good)} of {n} answers sampled at temperature 1 under the mask end and parse and validate against "
+                f"the schema" + (f"; the first that does not: {bad[0].text!r}" + (" (a token left the pattern)"
+                                                                              if bad[0].died else "") if bad else ""))
     return claim("C26", len(good) == n, evidence), answers
 
 

@@ -1,6 +1,7 @@
 """A small JSON-schema subset compiled to a regular pattern (automaton.py turns it into a DFA).
 
-Supported: an object whose properties are all required (in the schema's order, no others), each of type string,
+Supported: an object whose properties are all required (in the schema's order, no others), each of type string
+(minLength and maxLength allowed),
 integer, number, boolean, an enum of JSON values, an array of one of those (items), or a nested object of the same
 kind. Whitespace is fixed, as json.dumps writes it: separators (", ", ": ") by default, so the answer has exactly one
 spelling per value. That is xgrammar's compile_json_schema(..., any_whitespace=False, separators=(", ", ": "),
@@ -16,7 +17,8 @@ from ..errors import CourseError
 from .automaton import escape
 
 # JSON's own grammar (RFC 8259), as xgrammar writes it: a string's characters are any but " \ and the controls
-STRING = r'"([^"\\\x00-\x1f]|\\(["\\/bfnrt]|u[0-9a-fA-F]{4}))*"'
+_CHAR = r'([^"\\\x00-\x1f]|\\(["\\/bfnrt]|u[0-9a-fA-F]{4}))'
+STRING = '"' + _CHAR + '*"'
 INTEGER = r"-?(0|[1-9][0-9]*)"
 NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 BOOLEAN = r"(true|false)"
@@ -48,6 +50,12 @@ def schema_pattern(schema: dict | str, separators: tuple[str, str] = (", ", ": "
             raise UnsupportedSchema(f"The enum at {where} must be a non-empty list.")
         return "(" + "|".join(escape(json.dumps(v, ensure_ascii=False, separators=separators)) for v in values) + ")"
     kind = schema.get("type")
+    if kind is None:
+        _check_keys(schema, {"type"}, where)  # names the feature in its place (oneOf, $ref, ...) if there is one
+    if kind == "string" and ("minLength" in schema or "maxLength" in schema):
+        _check_keys(schema, {"type", "minLength", "maxLength"}, where)
+        low, high = schema.get("minLength", 0), schema.get("maxLength", "")
+        return f'"{_CHAR}{{{low},{high}}}"'  # a bounded string: an answer that must end within a token budget
     if kind in _PRIMITIVES:
         _check_keys(schema, {"type"}, where)
         return _PRIMITIVES[kind]
