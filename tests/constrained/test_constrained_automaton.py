@@ -66,7 +66,8 @@ SCHEMA = {"type": "object",
                                  "required": ["kind"]}},
           "required": ["name", "age", "height", "ok", "size", "tags", "pet"]}
 GOOD = [
-    {"name": "Zoë \"Z\" \\ \n", "age": -12, "height": 1.5e-3, "ok": True, "size": None, "tags": [], "pet": {"kind": ""}},
+    {"name": "Zoë \"Z\" \\ \n", "age": -12, "height": 1.5e-3, "ok": True, "size": None, "tags": [],
+     "pet": {"kind": ""}},
     {"name": "", "age": 0, "height": -0.25, "ok": False, "size": 3, "tags": ["a", "中"], "pet": {"kind": "cat"}},
 ]
 BAD = [

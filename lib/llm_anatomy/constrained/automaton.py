@@ -1,16 +1,16 @@
-"""A regular pattern compiled to a DFA over bytes: parse -> Thompson NFA -> subset construction.
+r"""A regular pattern compiled to a DFA over bytes: parse -> Thompson NFA -> subset construction.
 
-    dfa = compile_pattern(r'\\{"age": (0|[1-9][0-9]*)\\}')
+    dfa = compile_pattern(r'\{"age": (0|[1-9][0-9]*)\}')
     dfa.matches('{"age": 42}'.encode())        # True
-    state = dfa.walk(dfa.start, b'{"ag')      # -1 (DEAD) once a byte leaves the pattern
+    state = dfa.walk(dfa.start, b'{"x')       # -1 (DEAD) once a byte leaves the pattern
 
 Bytes, not characters, because a byte-level BPE token can end in the middle of a UTF-8 character: the mask walks
 each token's bytes (mask.py). A character class is a set of bytes for its ASCII part; a class that admits every
-non-ASCII character ([^"\\\\], .) admits the well-formed UTF-8 sequences (RFC 3629's table), so the automaton never
+non-ASCII character ([^"\\], .) admits the well-formed UTF-8 sequences (RFC 3629's table), so the automaton never
 accepts bytes that do not decode; a non-ASCII literal is its UTF-8 bytes.
 
-Syntax: literals, escapes (\\\\. \\\\d \\\\w \\\\s \\\\xHH \\\\n \\\\t), classes [a-z] and [^...], (groups), |, * + ? and {n},
-{n,}, {n,m}. The pattern always matches whole (fullmatch).
+Syntax: literals, escapes (\. \d \w \s \xHH \n \t), classes [a-z] and [^...], (groups), |, * + ? and
+{n}, {n,}, {n,m}. The pattern always matches whole (fullmatch).
 """
 
 from __future__ import annotations

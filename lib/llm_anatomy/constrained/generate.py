@@ -129,9 +129,10 @@ def check_c26(model, tokenizer, schema: dict, prompt, masker: TokenMasker, *, n:
     # pattern (only a buggy mask allows such a token) ends there, unfinished: an engine would have nothing to sample
     good = [a for a in answers if a.finished and parses(a.text, schema)]
     bad = [a for a in answers if a not in good]
-    evidence = (f"{len(good)} of {n} answers sampled at temperature 1 under the mask end and parse and validate against "
-                f"the schema" + (f"; the first that does not: {bad[0].text!r}" + (" (a token left the pattern)"
-                                                                              if bad[0].died else "") if bad else ""))
+    first = "" if not bad else f"; the first that does not: {bad[0].text!r}" + (" (a token left the pattern)"
+                                                                               if bad[0].died else "")
+    evidence = (f"{len(good)} of {n} answers sampled at temperature 1 under the mask end, parse and validate against "
+                f"the schema{first}")
     return claim("C26", len(good) == n, evidence), answers
 
 
