@@ -55,7 +55,7 @@ def test_c26_fails_when_the_mask_checks_only_the_first_byte(real, real_scratch, 
 
 def test_the_cached_mask_costs_less_than_a_tenth_of_a_decode_step(real, real_scratch, vocab_bytes):
     masker = _masker(real, vocab_bytes)
-    states = list(range(masker.dfa.num_states))
+    states = list(range(0, masker.dfa.num_states, 7))  # a spread of states: outside, inside strings, numbers
     figures = mask_timing(real_scratch, masker, states)
     print({k: f"{v * 1e3:.3f} ms" for k, v in figures.items()})
     # a dictionary look-up and a masked_fill over 49,152 logits against a 135M-parameter forward pass: far apart
@@ -83,12 +83,13 @@ def test_token_bytes_decode_as_the_tokenizer_does(real, vocab_bytes):
     assert checked > 45_000
 
 
-def test_the_trie_mask_equals_the_naive_mask_in_every_state(real, vocab_bytes):
+def test_the_trie_mask_equals_the_naive_mask(real, vocab_bytes):
     from llm_anatomy.constrained import naive_mask
 
-    for mode in ("full", "skip_last", "first_byte"):
+    # every 2nd state (7th for the bugs): the maxLength-16 string repeats one shape 16 times
+    for mode, every in (("full", 2), ("skip_last", 7), ("first_byte", 7)):  # the bugs on every 5th state
         masker = _masker(real, vocab_bytes, mode)
-        for state in range(masker.dfa.num_states):
+        for state in range(0, masker.dfa.num_states, every):
             naive = naive_mask(masker.dfa, vocab_bytes, state, real.tokenizer.eos_token_id, mode)
             assert torch.equal(masker.allowed(state), naive), (mode, state)
     assert int(_masker(real, vocab_bytes).allowed(0).sum()) < 100  # at the start only tokens that open with {
