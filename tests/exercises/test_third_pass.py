@@ -541,10 +541,10 @@ def test_switching_the_guards_profile_hook_off_is_refused():
     ("05_generation.ipynb", "Exercise 5.2", "(running - ordered < p_cut)"),  # the funnel's code comes after it
     ("07_prefill_and_decode.ipynb", "Exercise 7.3", "2 x batch x params / FLOP/s"),
     ("09_making_decode_fast.ipynb", "Exercise 9.5", "min(1, p(x) / q(x))"),  # the rule comes after it
-    ("10_beyond_one_device.ipynb", "Exercise 10.2", "two per block"),  # so does the count of collectives
-    ("10_beyond_one_device.ipynb", "Exercise 10.3", "Predicted TP step = compute / TP"),  # and the step's formula
-    ("10_beyond_one_device.ipynb", "Exercise 10.4", "inspect.getsource(part)"),  # the library's modules, printed
-    ("10_beyond_one_device.ipynb", "Exercise 10.5", "inspect.getsource(part)"),  # after both exercises
+    ("10_beyond_one_device.ipynb", "Exercise 10.4", "two per block"),  # so does the count of collectives
+    ("10_beyond_one_device.ipynb", "Exercise 10.5", "the predicted TP step = compute / TP"),  # and the step's formula
+    ("10_beyond_one_device.ipynb", "Exercise 10.2", "inspect.getsource(part)"),  # the library's modules, printed
+    ("10_beyond_one_device.ipynb", "Exercise 10.3", "inspect.getsource(part)"),  # after both exercises
 ])
 def test_the_exercise_text_leaves_the_formula_to_derive(notebook, exercise, formula):
     cells = notebook_cells(notebook)

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import KEY
 
+from llm_anatomy.server import launch
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -220,7 +222,10 @@ def test_debug_calls_gives_the_model_calls_of_a_streamed_answer(server, client, 
     chunks = list(client.chat.completions.create(model=model_id, messages=QUESTION, max_tokens=6, temperature=0,
                                                  stream=True))
     record = {r["name"]: r for r in json.loads(server.get("/debug/requests"))["requests"]}[chunks[0].id]
-    calls = json.loads(server.get("/debug/calls?last=50"))["calls"]
+    reply = json.loads(server.get("/debug/calls?last=50"))
+    calls = reply["calls"]
+    assert isinstance(reply["torch_threads"], int) and reply["torch_threads"] >= 1
+    assert reply["switch_interval_s"] == pytest.approx(launch.SWITCH_INTERVAL_S)  # the server sets it (launch.py)
     assert 1 <= len(calls) <= 50 and json.loads(server.get("/debug/calls?last=0"))["calls"] == []
     times = record["token_times_s"]
     for before, after in zip(times, times[1:]):

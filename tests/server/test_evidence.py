@@ -192,6 +192,11 @@ def test_c24_growth_before_capacity_is_not_shown_but_read():
     verdict = str(load_before_capacity(rows, 1.72, {0.43: 3, 1.72: 4, 6.88: 16}))
     assert "C24 not shown" in verdict and "holds" not in verdict
     assert "1.00x (4 requests): median TTFT 118 ms, 1.18x" in verdict and "6.88" not in verdict
+    assert "batch slots" not in verdict  # no slots given: nothing said about a queue
+    with_slots = str(load_before_capacity(rows, 1.72, {0.43: 3, 1.72: 4, 6.88: 16}, slots=4))
+    assert "the runs at 0.25x and 1.00x each sent no more requests than the 4 batch slots" in with_slots
+    three = str(load_before_capacity(rows, 1.72, {0.43: 3, 1.72: 4, 6.88: 16}, slots=3))  # 1x sent 4 to 3 slots
+    assert "the run at 0.25x sent no more requests than the 3 batch slots" in three
 
 
 def test_c24_load_fails_on_one_rate():

@@ -68,10 +68,28 @@ def test_the_measured_step_draws_each_rank_the_prediction_and_every_all_reduce()
 
 def test_the_link_fit_draws_the_repeats_the_medians_and_the_line():
     sweep = {4: [1e-3, 1.1e-3], 4096: [1.1e-3, 1.2e-3], 1 << 20: [3e-3, 3.5e-3]}
-    ax = plot_link_fit(sweep, Link(1e-3, 5e8), marks={"one token": 2304})
+    ax = plot_link_fit(sweep, Link(1e-3, 5e8), marks={"one token": 2304}, fitted_to="each size's fastest repeat")
     assert ax.get_xscale() == "log" and "(bytes)" in ax.get_xlabel() and "(ms)" in ax.get_ylabel()
-    assert "1.000 ms + bytes / 0.50 GB/s" in [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "fitted to each size's fastest repeat: 1.000 ms + bytes / 0.50 GB/s" in legend, legend
+    assert legend[:2] == ["each repeat", "median of the repeats"]  # the grey dots are named too
     assert "one token" in _texts(ax)
+    plt.close("all")
+
+
+def test_the_link_fit_labels_sit_below_every_point_clear_of_their_lines_and_of_each_other():
+    sweep = {n: [1e-3, 4e-3] for n in (4, 256, 2304, 1 << 16, 1 << 20, 1 << 22)}
+    marks = {"one token's hidden state, 256 B": 256, "n½ = 660,570 B": 660_570}
+    ax = plot_link_fit(sweep, Link(2.3e-4, 2.9e9), marks=marks)
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts}
+    lowest = ax.transData.transform((4, 1e3 * min(min(t) for t in sweep.values())))[1]
+    assert all(box.y1 < lowest for box in boxes.values())  # in the band under every repeat
+    line = ax.transData.transform((660_570, 1))[0]
+    assert boxes["n½ = 660,570 B"].x1 < line  # left of its dotted line
+    near_left = ax.transData.transform((256, 1))[0]
+    assert boxes["one token's hidden state, 256 B"].x0 > near_left  # no room left of it, so to its right
+    assert not boxes["n½ = 660,570 B"].overlaps(boxes["one token's hidden state, 256 B"])
     plt.close("all")
 
 
@@ -83,8 +101,19 @@ def test_the_gantt_chart_has_a_bar_per_micro_batch_per_stage():
     plt.close("all")
 
 
+def test_the_bubble_plot_draws_the_run_the_lines_read_when_given():
+    ax = plot_bubble({1: [0.5, 0.5], 2: [0.35, 0.3], 4: [0.2, 0.22]}, 2, fastest={1: 0.5, 2: 0.3, 4: 0.22})
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["each run", "the fastest run (the lines below)", "(p - 1) / (m + p - 1)"]
+    assert list(ax.get_lines()[-2].get_ydata()) == [50, 30, 22]  # those runs, not the medians (32.5, 21)
+    busy = plot_bubble({1: [0.56, 0.7], 2: [0.54, 0.8]}, 2, fastest={1: 0.56, 2: 0.54})
+    assert busy.get_ylim()[1] >= 80  # a run whose stages took turns (above one half) is still on the plot
+    plt.close("all")
+
+
 def test_the_bubble_plot_draws_the_formula_and_the_medians():
     ax = plot_bubble({1: [0.5, 0.5], 2: [0.35, 0.3], 4: [0.2, 0.22]}, 2)
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["measured (median)", "(p - 1) / (m + p - 1)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["each run", "measured (median)",
+                                                                    "(p - 1) / (m + p - 1)"]
     assert ax.get_ylabel().endswith("(%)")
     plt.close("all")

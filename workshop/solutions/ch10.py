@@ -20,17 +20,17 @@ def row_split(weight, rank, tp):
 
 
 def traffic(cfg, batch, tokens, bytes_per_element):
-    """Exercise 10.2: all-reduces of one forward pass (2 per block + the embedding's) and the bytes of each."""
+    """Exercise 10.4: all-reduces of one forward pass (2 per block + the embedding's) and the bytes of each."""
     return 2 * cfg.num_layers + 1, batch * tokens * cfg.hidden_size * bytes_per_element
 
 
 def predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes):
-    """Exercise 10.3: a TP step, seconds: each rank's share of the compute, plus 2 all-reduces per block."""
+    """Exercise 10.5: a TP step, seconds: each rank's share of the compute, plus 2 all-reduces per block."""
     return compute_s / tp + 2 * layers * (latency_s + message_bytes / bytes_per_s)
 
 
 class MyRowParallelLinear(RowParallelLinear):
-    """Exercise 10.4: this rank's inputs times its block of the weight (a partial sum), added up over the ranks."""
+    """Exercise 10.2: this rank's inputs times its block of the weight (a partial sum), added up over the ranks."""
 
     def forward(self, x):
         partial = x @ self.weight.T  # [batch, seq, out]: every output, from this rank's inputs only
@@ -38,14 +38,14 @@ class MyRowParallelLinear(RowParallelLinear):
 
 
 def vocab_shard(table, rank, tp):
-    """Exercise 10.5: rank's ceil(vocab / tp) rows of the table (the last rank's padded with zeros) and its first id."""
+    """Exercise 10.3: rank's ceil(vocab / tp) rows of the table (the last rank's padded with zeros) and its first id."""
     rows = -(-table.shape[0] // tp)
     part = table[rank * rows:(rank + 1) * rows]
     return torch.cat([part, table.new_zeros(rows - part.shape[0], table.shape[1])]), rank * rows
 
 
 class MyVocabParallelEmbedding(VocabParallelEmbedding):
-    """Exercise 10.5: the rows of the ids this rank holds, zeros for the others, then an all-reduce."""
+    """Exercise 10.3: the rows of the ids this rank holds, zeros for the others, then an all-reduce."""
 
     def forward(self, input_ids):
         local = input_ids - self.start

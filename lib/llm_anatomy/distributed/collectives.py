@@ -25,11 +25,12 @@ from ..errors import CourseError
 
 SWEEP_BYTES = [4, 256, 2304, 16_384, 131_072, 1_048_576, 4_194_304]  # 2,304: one token's hidden state, fp32
 # The scaling book ("How to Scale Your Model", section 12, How to Think About GPUs): an H100 computes 990e12 bf16
-# FLOP/s; each GPU sends 450e9 bytes/s over NVLink within a node, and a node 400e9 bytes/s to the others.
+# FLOP/s; each GPU sends 450e9 bytes/s over NVLink within a node, and a node 400e9 bytes/s to the others: 8 InfiniBand
+# NICs (ConnectX-7, 400 Gb/s each), one per GPU, so 50e9 bytes/s per GPU across nodes.
 # PCIe Gen5 x16 moves about 64e9 bytes/s each way (PCI-SIG: 32 GT/s per lane x 16 lanes).
 H100_FLOPS = 990e12
 H100_HBM = 3.35e12  # bytes/s an H100 SXM reads from its memory (NVIDIA's datasheet; the scaling book's GPU chapter)
-LINKS = {"NVLink, within an H100 node": 450e9, "InfiniBand, across H100 nodes": 400e9, "PCIe Gen5 x16": 64e9}
+LINKS = {"NVLink, within an H100 node": 450e9, "InfiniBand, across nodes, per GPU": 50e9, "PCIe Gen5 x16": 64e9}
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
 # A small model for C22 on a CPU: SmolLM2-135M's depth (30 layers: 61 all-reduces a step) and its grouped-query layout,
 # at a width that TP = 2 divides (4 query heads, 2 KV heads) and that is small beside a CPU's speed, as SmolLM2-135M is
 # beside a GPU's: what TP = 2 saves of its step is less than its collectives' latency.
-# At hidden 64 the weights are 6 MB: halving them saves a CPU core well under 0.5 ms, against 61 latencies of at least
+# At hidden 64 the weights are 7 MB: halving them saves a CPU core well under 0.5 ms, against 61 latencies of at least
 # 20 us each (gloo on loopback, the fastest it gets) = 1.2 ms; at hidden 128 the saving (about 1.2 ms idle) came too close.
 SMALL_TP2 = dict(vocab_size=4096, hidden_size=64, intermediate_size=192, num_layers=30, num_heads=4, num_kv_heads=2,
                  head_dim=16, rope_theta=1e5, rms_norm_eps=1e-5, max_position_embeddings=1024)

@@ -136,8 +136,8 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
 def makespan_fraction(stages: int, micro_batches: int) -> float:
     """The makespan of m micro-batches over that of one batch, for p equal stages that cost nothing per micro-batch:
     (m + p - 1) / (p x m). Each micro-batch spends 1/(p x m) of the one batch's time in each stage, and the last one
-    leaves the last stage m + p - 1 such slots after the first one started. m = 1 gives 1: a pipeline never makes one
-    batch (or one request) faster than one device, it only lets micro-batches overlap."""
+    leaves the last stage m + p - 1 such slots after the first one started. m = 1 gives 1: a pipeline never makes an
+    unsplit batch (or one decoding sequence) faster than one device, it only lets micro-batches overlap."""
     if stages < 1 or micro_batches < 1:
         raise CourseError(f"A pipeline needs at least 1 stage and 1 micro-batch, not {stages} and {micro_batches}.")
     return (micro_batches + stages - 1) / (stages * micro_batches)

@@ -1,13 +1,15 @@
-"""Checks for notebook 10 (beyond one device): the column and row split of one linear layer, the all-reduces of one
-forward pass, and a TP step's time predicted from the measured latency (the row-parallel layer, the embedding split by
-vocabulary and the GPipe loop, exercises 10.4 to 10.6, are in ch10_parallel.py)."""
+"""Checks for notebook 10 (beyond one device): the column and row split of one linear layer (10.1), the all-reduces
+of one forward pass (10.4), and a TP step's time predicted from the measured latency (10.5); the row-parallel layer,
+the embedding split by vocabulary, exercises 10.2 and 10.3, are in ch10_parallel.py; the GPipe loop, 10.6, in
+ch10_gpipe.py."""
 
 from __future__ import annotations
 
 import torch
 
 from . import call, exercise, expect, forbidden, hint, hints, returned  # noqa: F401  (hint: for the notebook)
-from .ch10_parallel import check_gpipe_loop, check_row_parallel_linear, check_vocab_parallel_embedding  # noqa: F401
+from .ch10_gpipe import check_gpipe_loop  # noqa: F401
+from .ch10_parallel import check_row_parallel_linear, check_vocab_parallel_embedding  # noqa: F401
 
 
 def _integer_layer(out_features: int, in_features: int, seed: int):
@@ -79,7 +81,7 @@ def check_column_and_row_split(column_split, row_split) -> str:
        "adds one more. Each all-reduce sums a whole hidden state: batch x tokens x hidden numbers.",
        "return 2 * cfg.num_layers + 1, batch * tokens * cfg.hidden_size * bytes_per_element")
 def check_all_reduce_traffic(traffic) -> str:
-    """Exercise 10.2: traffic(cfg, batch, tokens, bytes_per_element) -> (all-reduces, bytes each) of one forward pass."""
+    """Exercise 10.4: traffic(cfg, batch, tokens, bytes_per_element) -> (all-reduces, bytes each), one forward pass."""
     from ..distributed.collectives import tp_step_collectives
     from ..model.scratch import ScratchConfig
 
@@ -114,7 +116,7 @@ def check_all_reduce_traffic(traffic) -> str:
        "bytes_per_s. Everything in seconds.",
        "return compute_s / tp + 2 * layers * (latency_s + message_bytes / bytes_per_s)")
 def check_tp_step_prediction(predict) -> str:
-    """Exercise 10.3: predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes) -> a TP step, seconds."""
+    """Exercise 10.5: predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes) -> a TP step, seconds."""
     from ..distributed.collectives import Link, predict_tp_step
 
     expect(callable(predict), "define predict(compute_s, tp, layers, latency_s, bytes_per_s, message_bytes).")

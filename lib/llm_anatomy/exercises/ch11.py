@@ -69,7 +69,7 @@ def check_sse_event(sse_event) -> str:
     return "a stream is one `data: {json}` line and an empty line per chunk, and `data: [DONE]` at the end."
 
 
-_STREAMS = [(["The answer", " is: 4", "2.\n\nUs", "er: more"], ["\n\nUser:"]),  # the stop arrives in three pieces
+_STREAMS = [(["The answer", " is: 4", "2.\n\nUs", "er: more"], ["\n\nUser:"]),  # the stop arrives in two pieces
             (["a", "b", "c", "ab", "cd"], ["abcd"]),  # a false start, then the real one
             (["Hello", " world", "!"], ["STOP"]),  # no stop at all: everything shows, the end at flush
             (["x = 1", "; y", " = 2;", " END", " z"], [";;", "END"]),  # the second of two stops

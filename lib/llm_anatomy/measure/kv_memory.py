@@ -53,7 +53,8 @@ def _pattern(layers: int, every: int) -> list[str]:
 # The one table of published models: the fields of their config.json files (their pages on the Hugging Face hub) that
 # set the cache, as transformers normalises them: Gemma 2 and 3 get the `layer_types` that Gemma2Config and
 # Gemma3TextConfig build when a file gives none (Gemma 3's older files give `sliding_window_pattern`), and Falcon-7B's
-# `multi_query: true` is written as the one KV head that transformers' Falcon attention reads it as. The calculator's models also have a parameter count (for the memory the weights take).
+# `multi_query: true` is written as the one KV head that transformers' Falcon attention reads it as. The calculator's
+# models also have a parameter count (for the memory the weights take).
 LAYOUT_CONFIGS: dict[str, dict] = {
     "SmolLM2-135M": dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576),
     "Llama-2-7B": dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096),

@@ -6,7 +6,8 @@
     GET  /health                200 when the server is up (no key needed: a load balancer asks it)
     GET  /metrics               Prometheus text: latencies, the queue, KV blocks, the prefix cache (metrics.py)
     GET  /debug/requests        the engine's own times of recent requests (engine clock, seconds), for notebook 11
-    GET  /debug/calls           the scheduler's recent model calls: when each ran (engine clock) and what it took
+    GET  /debug/calls           the scheduler's recent model calls: when each ran (engine clock) and what it took,
+                                and torch's thread count in this process
     PUT  /debug/max-waiting     {"max_waiting": 4}, "auto" or null: change the queue's limit (notebook 11, bench api)
 
 A request is refused before the engine sees it when it is bad (400: not JSON, an unknown field, a value out of range,
@@ -24,9 +25,11 @@ import contextlib
 import hmac
 import random
 import threading
+import sys
 import time
 import uuid
 
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -147,7 +150,9 @@ class Server:
             raise APIError(400, f"last must be a whole number of calls, not {last!r}.", param="last")
         copied = list(self.engine.scheduler.calls.copy())
         calls = copied[max(0, len(copied) - int(last)):]
-        return JSONResponse({"clock": self.engine.clock(), "calls": [c._asdict() for c in calls]})
+        return JSONResponse({"clock": self.engine.clock(), "calls": [c._asdict() for c in calls],
+                             "torch_threads": torch.get_num_threads(),  # this process's, for a kernel to compare
+                             "switch_interval_s": sys.getswitchinterval()})  # how long a thread may keep the GIL
 
     async def queue_limit(self, request):
         body = schemas.parse_json(await read_body(request, self.max_body_bytes))

@@ -83,7 +83,7 @@ class EngineLoop:
     model: a ScratchLlama; tokenizer: its transformers tokenizer (the chat template, decode). The pool holds
     kv_blocks blocks of block_size positions; prefix_cache keeps and reuses full prompt blocks (notebook 08).
     max_waiting: requests that may wait for a slot (None: no limit; "auto": sized from ttft_objective_s, seconds, or
-    by default 3x the shortest recent prefill, by the bound W = (q + 1) / mu: sizing.py); metrics: a
+    by default 3x the shortest recent prefill, by the expected wait W = (q + 1) / mu: sizing.py); metrics: a
     server.metrics.Metrics, or None.
     prefill_first: a step with prompt tokens to run runs only those (serve/scheduler.py), so that a new request's
     first token does not also wait for the running requests' decode step; they wait that one step instead.

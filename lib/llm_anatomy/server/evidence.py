@@ -123,20 +123,29 @@ def load_claim(by_rate: dict[float, tuple[float, float]], capacity: float) -> Ve
 
 
 def load_before_capacity(by_rate: dict[float, tuple[float, float]], capacity: float,
-                         requests: dict[float, int]) -> Verdict:
+                         requests: dict[float, int], slots: int | None = None) -> Verdict:
     """C24's other half, that the TTFT grows *before* throughput stops growing: not shown here. The measured points
     at most 1x the capacity are printed against the lowest one (TTFT ratio, served share of the offered rate) with the
     requests each run sent (`requests`: offered rate -> requests); a few requests per rate on a shared 2-core machine
-    cannot tell that growth from noise, nor from a server whose TTFT stays flat until it is full."""
+    cannot tell that growth from noise, nor from a server whose TTFT stays flat until it is full. With `slots` (the
+    server's batch slots), a run that sends no more requests than that is said to have no queue for a slot; and the
+    served share of a run of a few requests is set by the last one's end, not by the rate."""
     low = min(by_rate)
     points = "; ".join(f"{rate / capacity:.2f}x ({requests.get(rate, '?')} requests): median TTFT "
                        f"{by_rate[rate][0] * 1e3:.0f} ms, {by_rate[rate][0] / by_rate[low][0]:.2f}x the lowest rate's, "
                        f"served {by_rate[rate][1] / rate:.2f} of the offered"
                        for rate in sorted(by_rate) if rate <= 1.0001 * capacity)
-    return not_shown("C24", f"that the TTFT grows before throughput stops growing: measured {points}; a few requests "
-                            "per rate on a shared 2-core machine cannot separate a rise below capacity from noise, or "
-                            "from a server whose TTFT stays flat until it is full (this run's 4x point shows only the "
-                            "waiting past capacity)",
+    no_queue = [f"{rate / capacity:.2f}x" for rate in sorted(by_rate)
+                if rate <= 1.0001 * capacity and slots is not None and requests.get(rate, slots + 1) <= slots]
+    queue = (f"; {'the runs' if len(no_queue) > 1 else 'the run'} at {' and '.join(no_queue)} "
+             f"{'each ' if len(no_queue) > 1 else ''}sent no more requests than the {slots} batch slots, so none could "
+             "wait for a slot there: a rise there is the wait for the step in flight and for others' prefill steps"
+             if no_queue else "")
+    return not_shown("C24", f"that the TTFT grows before throughput stops growing: measured {points}{queue}; a few "
+                            "requests per rate on a shared 2-core machine cannot separate a rise below capacity from "
+                            "noise, or from a server whose TTFT stays flat until it is full, and the served share of "
+                            "a run of 3 or 4 requests is set by when its last answer ends, not by the rate (this run's "
+                            "4x point shows only the waiting past capacity)",
                      "longer runs (a hundred requests or more per rate) at 0.5x and 0.75x the measured capacity on an "
                      "idle machine or a GPU, their median TTFT against the 0.25x one while the served rate keeps up")
 

@@ -2,15 +2,17 @@
 
 A request that joins the queue behind `q` others gets a batch slot after q + 1 admissions (theirs and its own), so at
 the measured service rate mu (admissions per second) it waits W = (q + 1) / mu, and then its own prefill comes. That is
-a deterministic bound, every admission taking the measured mean time; it is not Little's law (L = lambda x W, which
-relates long-run averages, not one request's wait). A request admitted while fewer than `limit` wait has at most
-limit - 1 ahead of it, so it waits at most limit / mu; the longest queue that still fits the objective is
+the expected wait if every admission took the mean time, not a bound (an admission slower than the mean makes it
+longer); nor is it Little's law (L = lambda x W, which relates long-run averages, not one request's wait). A request
+admitted while fewer than `limit` wait has at most limit - 1 ahead of it, so it is expected to wait about limit / mu;
+the largest limit that still fits the objective is
 
     limit = floor((ttft_objective - prefill) / seconds_per_admission)
 
 and a request beyond it is better refused at once (429 with Retry-After) than admitted to a TTFT past the objective.
 The objective is given (`--ttft-objective-ms`), or by default OBJECTIVE_FACTOR x the shortest prefill the server has
-timed lately (arrival at a slot to the first token, the least loaded it has been): "within 3x of the unloaded TTFT".
+timed lately (arrival at a slot to the first token, the least loaded it has been): "within 3x of the unloaded TTFT",
+an optimistic prefill under load (the shortest one, not a loaded one).
 The two measured figures move with the load, so the limit is recomputed at every admission decision; a service rate
 measured while arrivals were slow (or after an idle spell) is low, which only makes the limit smaller.
 """

@@ -134,7 +134,7 @@ def plot_tp_measured(steps_s: list[float], calls: list[list[tuple[str, str, int,
     each.axhline(link.seconds(nbytes) * 1e3, color="grey", ls="--", lw=1,
                  label=f"fitted: {link.seconds(nbytes) * 1e3:.3f} ms")
     each.set(yscale="log", xlabel="layer", ylabel="one all-reduce (ms, log scale)",
-             title="Each all-reduce of that step, rank 0")
+             title="The blocks' all-reduces of that step, rank 0")
     each.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
     each.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
     each.yaxis.set_minor_formatter(ticker.NullFormatter())
@@ -144,29 +144,47 @@ def plot_tp_measured(steps_s: list[float], calls: list[list[tuple[str, str, int,
 
 
 def plot_link_fit(seconds_by_size: dict[int, list[float]], link, marks: dict[str, int] | None = None, ax=None,
-                  title: str | None = None):
+                  title: str | None = None, fitted_to: str = "the medians"):
     """An all-reduce's time against its size: every repeat (dots), their median (circles) and the fitted line
-    latency + bytes / bandwidth; `marks` draws labelled vertical lines at message sizes (bytes). Log-log."""
+    latency + bytes / bandwidth, its legend naming the points it was fitted to (`fitted_to`: fit_link's pick);
+    `marks` draws labelled vertical lines at message sizes (bytes), each label left of its line in a band below
+    every point, where no repeat can sit on it; the legend goes under the axes for the same reason. Log-log."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.6))
     sizes = sorted(seconds_by_size)
-    for n in sizes:
-        ax.plot([n] * len(seconds_by_size[n]), [1e3 * t for t in seconds_by_size[n]], ".", color="#bbbbbb", ms=3)
+    for i, n in enumerate(sizes):
+        ax.plot([n] * len(seconds_by_size[n]), [1e3 * t for t in seconds_by_size[n]], ".", color="#bbbbbb", ms=3,
+                label="each repeat" if i == 0 else None)
     ax.plot(sizes, [1e3 * statistics.median(seconds_by_size[n]) for n in sizes], "o", color="#4c72b0",
             label="median of the repeats")
     line = np.geomspace(sizes[0], sizes[-1], 50)
     ax.plot(line, [1e3 * link.seconds(n) for n in line], "-", color="#c44e52",
-            label=f"{link.latency_s * 1e3:.3f} ms + bytes / {link.bytes_per_s / 1e9:.2f} GB/s")
-    for i, (label, n) in enumerate((marks or {}).items()):
-        ax.axvline(n, color="grey", ls=":", lw=1)
-        ax.annotate(label, (n, 0.97 - 0.1 * i), xycoords=("data", "axes fraction"), fontsize=7, ha="left",
-                    xytext=(3, 0), textcoords="offset points", va="top")
+            label=f"fitted to {fitted_to}: {link.latency_s * 1e3:.3f} ms + bytes / {link.bytes_per_s / 1e9:.2f} GB/s")
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="one all-reduce (ms)",
            title=title or "What one all-reduce costs here")
-    ax.legend(fontsize=7, loc="lower right")
+    rows = 0.065  # one label's height, as a fraction of the axes'
+    if marks:  # a free band under the lowest point or line, a row per mark, for the marks' labels
+        low = 1e3 * min(min(min(t) for t in seconds_by_size.values()), link.seconds(sizes[0]))
+        top, band = ax.get_ylim()[1], 0.02 + rows * len(marks)
+        ax.set_ylim(low / (top / low) ** (band / (1 - band)) / 1.1, top)
+    renderer, placed = ax.figure.canvas.get_renderer(), []
+    box = ax.get_window_extent(renderer)
+    for label, n in (marks or {}).items():
+        ax.axvline(n, color="grey", ls=":", lw=1)
+        text = ax.annotate(label, (n, 0.02), xycoords=("data", "axes fraction"), fontsize=7, ha="right", va="bottom",
+                           xytext=(-4, 0), textcoords="offset points")  # left of its dotted line, below every point
+        if text.get_window_extent(renderer).x0 < box.x0 + 0.03 * box.width:  # no room left of it: to its right
+            text.set(ha="left", position=(4, 0))
+        row = 0
+        # a row up while it would touch a label already placed (a margin: at a lower dpi the glyphs come out wider)
+        while any(text.get_window_extent(renderer).expanded(1.25, 1).overlaps(other) for other in placed):
+            row += 1
+            text.xy = (n, 0.02 + rows * row)
+        placed.append(text.get_window_extent(renderer).expanded(1.25, 1))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
     return ax
 
 
@@ -193,21 +211,28 @@ def plot_pipeline_gantt(slots: list[tuple[int, int, float, float]], stages: int,
     return ax
 
 
-def plot_bubble(measured: dict[int, list[float]], stages: int, ax=None):
+def plot_bubble(measured: dict[int, list[float]], stages: int, ax=None, fastest: dict[int, float] | None = None):
     """The bubble against the number of micro-batches: every measured run (dots), their median, and
-    (p - 1) / (m + p - 1). measured: {micro-batches: [bubble of each run]}. Returns the Axes."""
+    (p - 1) / (m + p - 1). measured: {micro-batches: [bubble of each run]}; fastest: {micro-batches: bubble of the
+    run the printed lines read}, drawn instead of the median so that the plot and the lines show the same run.
+    Returns the Axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3))
     ms = sorted(measured)
     for m in ms:
-        ax.plot([m] * len(measured[m]), [100 * b for b in measured[m]], ".", color="#bbbbbb")
-    ax.plot(ms, [100 * statistics.median(measured[m]) for m in ms], "o", color="#4c72b0", label="measured (median)")
+        ax.plot([m] * len(measured[m]), [100 * b for b in measured[m]], ".", color="#bbbbbb",
+                label="each run" if m == ms[0] else None)
+    if fastest is None:
+        ax.plot(ms, [100 * statistics.median(measured[m]) for m in ms], "o", color="#4c72b0", label="measured (median)")
+    else:
+        ax.plot(ms, [100 * fastest[m] for m in ms], "o", color="#4c72b0", label="the fastest run (the lines below)")
     grid = [m / 4 for m in range(4, 4 * ms[-1] + 1)]
     ax.plot(grid, [100 * (stages - 1) / (m + stages - 1) for m in grid], "-", color="#c44e52",
             label="(p - 1) / (m + p - 1)")
-    ax.set(xlabel="micro-batches m", ylabel="time each stage idles (%)", ylim=(0, 100 * (stages - 1) / stages + 10),
+    top = max(100 * (stages - 1) / stages + 10, 105 * max(map(max, measured.values())))  # every run on the plot
+    ax.set(xlabel="micro-batches m", ylabel="time each stage idles (%)", ylim=(0, min(100, top)),
            title=f"The bubble of {stages} stages")
     ax.set_xticks(ms)
     ax.legend(fontsize=7)
