@@ -1,5 +1,6 @@
 """The checks behind notebook 12's C26 cells besides check_c26, each a function of measured evidence, so that a test
-can hand it the evidence of a world where the claim is false and see it fail (tests/constrained/test_constrained_evidence.py).
+can hand it the evidence of a world where the claim is false and see it fail
+(tests/constrained/test_constrained_evidence.py).
 
 `cost_claim`: the mask an engine applies per step (mask_timing's "cached_s": a look-up and a masked_fill) costs under
 a tenth of a decode step, and walking the whole vocabulary instead costs at least ten times as much. Both hold on any
