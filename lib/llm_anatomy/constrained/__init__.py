@@ -2,9 +2,9 @@
 over bytes -> a mask over the tokens -> masked sampling.
 
 What exists (this package):
-- automaton.py: a regular pattern parsed, built into a Thompson NFA and made a DFA over BYTES by subset construction
-  (classes are byte sets; [^...] and . admit only well-formed UTF-8; non-ASCII literals are their UTF-8 bytes);
-  dead states pruned, so every live state can still finish.
+- automaton.py: a regular pattern parsed (pattern.py), built into a Thompson NFA and made a DFA over BYTES by subset
+  construction (classes are byte sets; [^...] and . admit only well-formed UTF-8; non-ASCII literals are their UTF-8
+  bytes); dead states pruned, so every live state can still finish.
 - schema.py: the JSON-schema subset (object with all properties required, string/integer/number/boolean/enum,
   arrays of those, nested objects; fixed separators ", " and ": ") as a pattern; UnsupportedSchema names a feature
   outside it.

@@ -12,12 +12,12 @@ accepts and nothing else is allowed, EOS is the only choice. check_c26 is the cl
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..claims import claim
+from ..device import timed
 from ..generate.decode import decode_step, prefill
 from ..generate.sampling import SamplingParams, sample_next, seeded_generator
 from .automaton import DEAD
@@ -98,27 +98,20 @@ def mask_timing(model, masker: TokenMasker, states: list[int], *, rounds: int = 
     cache = model.new_cache(1, context + rounds + 2)
     prefill(model, torch.zeros(1, context, dtype=torch.long), cache)
     fresh = TokenMasker(masker.dfa, masker.tokens, masker.eos_id, masker.mode)  # its trie built, no mask cached yet
-    t = time.perf_counter()
-    for s in states:
-        fresh.allowed(s)  # the trie walked once per state: what the first visit to a state costs
-    first = (time.perf_counter() - t) / len(states)
+    # the trie walked once per state: what the first visit to a state costs
+    first = timed(lambda: [fresh.allowed(s) for s in states])[0] / len(states)
     for s in states:
         masker.allowed(s)  # precomputed: what the cached figure measures is the look-up and the masked_fill
     logits = torch.zeros(len(masker.tokens))
     best = {"naive_s": float("inf"), "cached_s": float("inf"), "decode_step_s": float("inf")}
     for _ in range(rounds):
-        t = time.perf_counter()
-        for s in states:
-            naive_mask(masker.dfa, masker.tokens, s, masker.eos_id)
-        best["naive_s"] = min(best["naive_s"], (time.perf_counter() - t) / len(states))
-        t = time.perf_counter()
-        for s in states:
-            logits.masked_fill(~masker.allowed(s), float("-inf"))
-        best["cached_s"] = min(best["cached_s"], (time.perf_counter() - t) / len(states))
-        t = time.perf_counter()
+        naive = timed(lambda: [naive_mask(masker.dfa, masker.tokens, s, masker.eos_id) for s in states])[0]
+        best["naive_s"] = min(best["naive_s"], naive / len(states))
+        cached = timed(lambda: [logits.masked_fill(~masker.allowed(s), float("-inf")) for s in states])[0]
+        best["cached_s"] = min(best["cached_s"], cached / len(states))
         with torch.inference_mode():
-            decode_step(model, torch.zeros(1, 1, dtype=torch.long), cache)
-        best["decode_step_s"] = min(best["decode_step_s"], time.perf_counter() - t)
+            step = timed(lambda: decode_step(model, torch.zeros(1, 1, dtype=torch.long), cache), model.device)[0]
+        best["decode_step_s"] = min(best["decode_step_s"], step)
     best["trie_first_s"] = first
     return best
 
