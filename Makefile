@@ -21,8 +21,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: requirements-lock.txt pyproject.toml | $(BIN)/python
+$(VENV)/.installed: requirements-lock.txt requirements-nodeps.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -r requirements-lock.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	@touch $@
 

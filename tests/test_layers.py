@@ -22,7 +22,7 @@ PACKAGE = ROOT / "lib" / "llm_anatomy"
 # below. Folders, not module names: a new file takes its folder's rank, so nobody keeps a list of names.
 GROUND = {"errors", "device", "paths", "claims", "texts"}
 RANKS = [("weights",), ("tokens", "model"), ("generate",), ("measure",), ("serve",), ("fast",), ("distributed",),
-         ("server",), ("views",), ("widgets", "exercises"), ("cli", "__main__")]
+         ("constrained",), ("server",), ("views",), ("widgets", "exercises"), ("cli", "__main__")]
 TOP = len(RANKS) + 1  # the package's own __init__ re-exports from below; nothing inside imports it
 
 

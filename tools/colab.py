@@ -21,6 +21,8 @@ if "google.colab" in sys.modules and importlib.util.find_spec("llm_anatomy") is 
     # requirements.txt holds version ranges that Colab's own torch already satisfies.
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", "llm-anatomy/requirements.txt",
                     "-e", "llm-anatomy"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-r",
+                    "llm-anatomy/requirements-nodeps.txt"], check=True)  # xgrammar, for notebook 12
     sys.path.insert(0, os.path.abspath("llm-anatomy/lib"))  # editable installs apply after a restart
     os.chdir("llm-anatomy/notebooks")'''
 

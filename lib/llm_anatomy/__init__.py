@@ -14,6 +14,7 @@
     fast/       gguf_blocks quantize packed ...      09 Making decode fast (speculative sampling_check tiled_attention
                                                         fused)
     distributed/ tensor_parallel pipeline ...    10 Beyond one device (collectives launch runs)
+    constrained/ automaton schema mask generate  12 Output you can parse (evidence)
     server/     app engine schemas metrics ...     11 Behind the API (sizing launch client evidence)
     views/      HTML and matplotlib pictures of every stage (no ipywidgets)
     widgets/    thin ipywidgets shells over one view and one pure function

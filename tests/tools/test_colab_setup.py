@@ -64,6 +64,9 @@ def test_in_colab_it_clones_and_installs_without_replacing_torch(path, monkeypat
     assert pip[1:4] == ["-m", "pip", "install"]
     assert "llm-anatomy/requirements.txt" in pip and "-e" in pip
     assert not any(arg.startswith("torch") for arg in pip), "must not ask for a torch of its own"
+    nodeps = calls[2]  # xgrammar without triton: Colab's torch brings its own
+    assert nodeps[1:5] == ["-m", "pip", "install", "-q"] and "--no-deps" in nodeps
+    assert "llm-anatomy/requirements-nodeps.txt" in nodeps and len(calls) == 3
     assert Path.cwd() == tmp_path / "llm-anatomy" / "notebooks"
     assert str(tmp_path / "llm-anatomy" / "lib") in sys.path
 
@@ -82,7 +85,7 @@ def test_a_second_run_in_colab_installs_nothing(monkeypatch, tmp_path):
 def test_an_existing_clone_is_installed_not_cloned_again(monkeypatch, tmp_path):
     (tmp_path / "llm-anatomy" / "notebooks").mkdir(parents=True)
     calls = _run_cell(_setup_source(NOTEBOOKS[0]), monkeypatch, tmp_path, in_colab=True)
-    assert len(calls) == 1 and calls[0][1:4] == ["-m", "pip", "install"]
+    assert len(calls) == 2 and all(call[1:4] == ["-m", "pip", "install"] for call in calls)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
