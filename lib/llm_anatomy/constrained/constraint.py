@@ -1,0 +1,45 @@
+"""A grammar as a constraint on the course's decoding loop: the tokens allowed after the tokens generated so far.
+
+    constraint = GrammarConstraint.for_schema(SCHEMA, tokenizer)
+    session = GenerationSession(model, tokenizer, params, constraint=constraint)   # generate/session.py
+
+The state is worked out from the generated ids at every call (their bytes walked from the start: a few dozen
+tokens), so a reset, a resample or a new prefill needs nothing from the constraint: the automaton restarts with the
+text. The masks are the TokenMasker's, cached per state; the end-of-sequence token keeps the state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .automaton import compile_pattern
+from .mask import TokenMasker, token_bytes
+from .schema import schema_pattern
+
+
+class GrammarConstraint:
+    """allowed(ids): bool [vocab], the tokens the grammar allows after `ids`; state(ids): the automaton's state."""
+
+    def __init__(self, masker: TokenMasker):
+        self.masker = masker
+
+    @classmethod
+    def for_schema(cls, schema: dict | str, tokenizer, tokens=None) -> "GrammarConstraint":
+        """The constraint of a JSON schema of the course's subset (UnsupportedSchema names a feature outside it).
+        tokens: the tokenizer's token bytes when the caller has them already (token_bytes reads 49,152)."""
+        dfa = compile_pattern(schema_pattern(schema))
+        return cls(TokenMasker(dfa, tokens if tokens is not None else token_bytes(tokenizer), tokenizer.eos_token_id))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.masker.tokens)
+
+    def state(self, ids) -> int:
+        """The DFA state after the tokens `ids` (DEAD once one leaves the pattern)."""
+        state = self.masker.dfa.start
+        for token in ids:
+            state = self.masker.advance(state, int(token))
+        return state
+
+    def allowed(self, ids) -> torch.Tensor:
+        return self.masker.allowed(self.state(ids))
