@@ -76,7 +76,7 @@ def grammar_chart_html(result: StepResult, vocab_size: int) -> str:
                     f'padding-right:6px">{token}</td><td style="width:220px">{bar}</td>'
                     f'<td style="{_MONO};padding-left:6px">{prob}</td>'
                     f'<td style="color:#999;padding-left:6px">{c.raw_prob:6.1%}</td>'
-                    f'<td style="color:#e65100;padding-left:6px">{mark}</td></tr>')
+                    f'<td style="color:#e65100;padding-left:6px;white-space:nowrap">{mark}</td></tr>')
     allowed = result.allowed_tokens
     return (f'<div><b>Next-token candidates under the grammar</b> (token {result.index + 1}, '
             f'{result.params.describe()})<div class="la-stepper-allowed" style="font-size:12px">the grammar allows '
