@@ -101,5 +101,6 @@ def test_generation_stepper_under_a_grammar(notebook_page):
     root.locator(".la-stepper-prefill").click()
     expect(status).to_contain_text("1 new token ·", timeout=60_000)
     assert re.search(r"allows ([\d,]+) of", chart.inner_text()).group(1) == allowed.group(1)
+    expect(chart.locator(".la-stepper-mask-cost")).to_contain_text("looked up: this state was seen before")
 
     ui.assert_no_widget_errors()

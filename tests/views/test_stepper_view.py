@@ -74,4 +74,9 @@ def test_the_grammar_chart_strikes_out_what_the_grammar_removed_beside_what_it_k
     assert rows == [("la-stepper-bar la-stepper-removed", "72"), ("la-stepper-bar la-stepper-kept la-stepper-chosen",
                                                                   "123"), ("la-stepper-bar la-stepper-removed", "66")]
     assert html.count("removed by the grammar") == 2 and "<s>Hi</s>" in html and "<s>&lt;b&gt;</s>" in html
-    assert "allows 3 of the 49,152 tokens" in html and "100.0%" in html
+    assert "allows 3 of the 49,152 tokens" in html and "100.0%" in html and "automaton state" not in html
+    from llm_anatomy.constrained.constraint import MaskLookup
+
+    assert "automaton state 7; its mask computed now, on the state's first visit (12.50 ms)" in grammar_chart_html(
+        step, 49152, MaskLookup(7, False, 0.0125))
+    assert "its mask looked up" in grammar_chart_html(step, 49152, MaskLookup(7, True, 1e-5))

@@ -65,6 +65,7 @@ def test_removed_candidates_are_refused_by_the_mask_and_kept_ones_allowed(greedy
         assert chart.count("la-stepper-chosen") == 1
     first = charts[0][1]
     assert _rows(first)[0][0] == "removed" and "<s>" in first  # the model's own favourite is not JSON's `{`
+    assert f"automaton state {grammar.masker.dfa.start}; its mask computed now" in first
     assert removed_seen > len(charts)
 
 
@@ -79,6 +80,7 @@ def test_play_samples_under_the_grammar_and_reset_restarts_the_automaton(real, r
     assert stepper.session.generated == [] and stepper.chart.value == ""
     stepper.on_prefill()
     assert grammar.state(stepper.session.generated[:-1]) == grammar.masker.dfa.start  # from the start again
+    assert "its mask looked up: this state was seen before" in stepper.chart.value  # cached since the first prefill
     stepper.on_play()
     stepper._thread.join(120)
     assert not stepper.playing and stepper.error.text == "" and stepper.session.last.stop_reason == "eos"

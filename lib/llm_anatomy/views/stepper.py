@@ -55,9 +55,10 @@ def chart_html(result: StepResult) -> str:
             f'<th>probability</th><th>p</th><th>p at T=1</th><th></th></tr>{"".join(rows)}</table></div>')
 
 
-def grammar_chart_html(result: StepResult, vocab_size: int) -> str:
+def grammar_chart_html(result: StepResult, vocab_size: int, lookup=None) -> str:
     """The model's own top candidates with the ones a grammar removed struck out, beside the ones it kept (their
-    probability under the mask and the filters), and how many of the vocabulary's tokens the grammar allows here."""
+    probability under the mask and the filters), and how many of the vocabulary's tokens the grammar allows here.
+    lookup: the constraint's MaskLookup for this step (its state, cached or computed now, the time), or None."""
     rows = []
     for c in sorted(result.candidates, key=lambda c: -c.raw_prob):
         chosen = c.token_id == result.token_id
@@ -77,11 +78,15 @@ def grammar_chart_html(result: StepResult, vocab_size: int) -> str:
                     f'<td style="{_MONO};padding-left:6px">{prob}</td>'
                     f'<td style="color:#999;padding-left:6px">{c.raw_prob:6.1%}</td>'
                     f'<td style="color:#e65100;padding-left:6px;white-space:nowrap">{mark}</td></tr>')
-    allowed = result.allowed_tokens
+    allowed, cost = result.allowed_tokens, ""
+    if lookup is not None:
+        how = "looked up: this state was seen before" if lookup.cached else "computed now, on the state's first visit"
+        cost = (f'<div class="la-stepper-mask-cost" style="font-size:12px;color:#555">automaton state {lookup.state}; '
+                f'its mask {how} ({lookup.seconds * 1e3:.2f} ms)</div>')
     return (f'<div><b>Next-token candidates under the grammar</b> (token {result.index + 1}, '
             f'{result.params.describe()})<div class="la-stepper-allowed" style="font-size:12px">the grammar allows '
             f'{allowed:,} of the {vocab_size:,} tokens here; the model\'s own candidates it refuses are struck out'
-            f'</div><table style="border-collapse:collapse;font-size:12px"><tr style="color:#666"><th>token</th>'
+            f'</div>{cost}<table style="border-collapse:collapse;font-size:12px"><tr style="color:#666"><th>token</th>'
             f'<th>probability</th><th>p</th><th>model\'s p</th><th></th></tr>{"".join(rows)}</table></div>')
 
 

@@ -308,7 +308,8 @@ class Stepper(CourseWidget, W.VBox):
             return
         self.text.value = text_html(s.tokenizer, s.prompt_ids, s.generated)
         grammar = s.constraint
-        self.chart.value = chart_html(last) if grammar is None else grammar_chart_html(last, grammar.vocab_size)
+        self.chart.value = chart_html(last) if grammar is None else grammar_chart_html(last, grammar.vocab_size,
+                                                                                       grammar.last)
         self.cache.value = cache_html(last)
         self.times.value = times_html(s.steps)
         if last.attention is not None and s.attention is not None:
