@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from llm_anatomy.constrained import DEAD, TokenMasker, UnsupportedSchema, compile_pattern, constrained_generate
-from llm_anatomy.constrained import parses, schema_pattern
+from llm_anatomy.constrained import DEAD, UnsupportedSchema, constrained_generate, parses, schema_pattern
 from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.widgets import Stepper
 
@@ -22,6 +21,7 @@ def greedy(real, real_scratch):
     """One greedy stepper, run to its end once for the module, with every step's chart and the ids before it."""
     stepper = Stepper(model=real_scratch, tokenizer=real.tokenizer, schema=SCHEMA, max_new_tokens=40,
                       temperature=0.0)
+    stepper.session.constraint.masker.cache.clear()  # one masker per schema and tokenizer: start with no mask known
     stepper.on_prefill()
     charts = [(list(stepper.session.generated[:-1]), stepper.chart.value)]
     while not stepper.session.finished:
@@ -43,7 +43,8 @@ def test_the_answer_parses_and_is_the_libraries_constrained_greedy_answer(real, 
     stepper, _ = greedy
     assert stepper.error.text == "" and stepper.session.last.stop_reason == "eos", stepper.error.text
     assert parses(_answer(stepper), SCHEMA), _answer(stepper)
-    masker = TokenMasker.for_tokenizer(compile_pattern(schema_pattern(SCHEMA)), real.tokenizer)
+    masker = stepper.session.constraint.masker  # the schema's TokenMasker, its masks cached by the widget's run
+    assert masker.dfa.pattern == schema_pattern(SCHEMA)
     same = constrained_generate(real_scratch, real.tokenizer, stepper.session.prompt_ids, masker,
                                 SamplingParams(temperature=0.0), max_new_tokens=40)
     assert same.finished and same.ids + [real.tokenizer.eos_token_id] == stepper.session.generated

@@ -5,13 +5,16 @@
 
 The state is worked out from the generated ids at every call (their bytes walked from the start: a few dozen
 tokens), so a reset, a resample or a new prefill needs nothing from the constraint: the automaton restarts with the
-text. The masks are the TokenMasker's, cached per state; the end-of-sequence token keeps the state. `last` says
-what the latest mask cost: a state's first visit walks the vocabulary's trie (milliseconds to a few hundred on 2
+text. The masks are the TokenMasker's, cached per state; the end-of-sequence token keeps the state. One masker
+serves every constraint of the same schema and tokenizer (its trie takes about a second to build on 2 cores, and
+its masks stay cached across prefills, resets and widgets). `last` says what the latest mask cost: a state's first visit walks the vocabulary's trie (milliseconds to a few hundred on 2
 cores), a state seen before is a dictionary look-up (C26's "precomputing makes the mask cheap", seen step by step).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +42,9 @@ class GrammarConstraint:
         self.last: MaskLookup | None = None
 
     @classmethod
-    def for_schema(cls, schema: dict | str, tokenizer, tokens=None) -> "GrammarConstraint":
-        """The constraint of a JSON schema of the course's subset (UnsupportedSchema names a feature outside it).
-        tokens: the tokenizer's token bytes when the caller has them already (token_bytes reads 49,152)."""
-        dfa = compile_pattern(schema_pattern(schema))
-        return cls(TokenMasker(dfa, tokens if tokens is not None else token_bytes(tokenizer), tokenizer.eos_token_id))
+    def for_schema(cls, schema: dict | str, tokenizer) -> "GrammarConstraint":
+        """The constraint of a JSON schema of the course's subset (UnsupportedSchema names a feature outside it)."""
+        return cls(_masker(schema_pattern(schema), tokenizer))
 
     @property
     def vocab_size(self) -> int:
@@ -63,3 +64,19 @@ class GrammarConstraint:
         seconds, mask = timed(lambda: self.masker.allowed(state))
         self.last = MaskLookup(state, cached, seconds)
         return mask
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary(tokenizer) -> TokenMasker:
+    """A masker over the tokenizer's vocabulary (the tokenizer by identity): its token bytes and byte trie, which do
+    not depend on the grammar, built once."""
+    return TokenMasker(compile_pattern(""), token_bytes(tokenizer), tokenizer.eos_token_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _masker(pattern: str, tokenizer) -> TokenMasker:
+    """The masker of a pattern over a tokenizer's vocabulary, built once and shared: the vocabulary's masker with
+    this pattern's DFA and a cache of its own (the trie is shared, read only)."""
+    masker = copy.copy(_vocabulary(tokenizer))
+    masker.dfa, masker.cache = compile_pattern(pattern), {}
+    return masker

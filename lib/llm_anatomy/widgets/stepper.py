@@ -36,7 +36,6 @@ import threading
 import ipywidgets as W
 
 from ..constrained.constraint import GrammarConstraint
-from ..constrained.mask import token_bytes
 from ..errors import CourseError
 from ..generate.penalties import Penalties
 from ..generate.session import GenerationSession
@@ -65,7 +64,6 @@ class Stepper(CourseWidget, W.VBox):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._grammar: tuple[str, GrammarConstraint] | None = None  # the last schema text that compiled, its grammar
-        self._tokens = None  # the vocabulary's bytes, read once
         self.schema_box = None
         if schema is not None:  # compiled now: a schema outside the subset is refused before the widget exists
             self.schema_box = W.Textarea(value=json.dumps(schema), placeholder="a JSON schema", continuous_update=False,
@@ -180,8 +178,7 @@ class Stepper(CourseWidget, W.VBox):
                 schema = json.loads(text)
             except ValueError as err:
                 raise CourseError(f"The schema is not JSON ({err}): write it as a JSON object.") from None
-            self._tokens = self._tokens or token_bytes(self.session.tokenizer)
-            self._grammar = (text, GrammarConstraint.for_schema(schema, self.session.tokenizer, self._tokens))
+            self._grammar = (text, GrammarConstraint.for_schema(schema, self.session.tokenizer))
         return self._grammar[1]
 
     @property
