@@ -21,8 +21,8 @@ PACKAGE = ROOT / "lib" / "llm_anatomy"
 # The package's folders are the course's stages, ranked from the bottom; a module may import only from its own rank or
 # below. Folders, not module names: a new file takes its folder's rank, so nobody keeps a list of names.
 GROUND = {"errors", "device", "paths", "claims", "texts"}
-RANKS = [("weights",), ("tokens", "model"), ("generate", "constrained"), ("measure",), ("serve",), ("fast",),
-         ("distributed",), ("server",), ("views",), ("widgets", "exercises"), ("cli", "__main__")]
+RANKS = [("weights",), ("tokens", "model"), ("generate",), ("measure",), ("serve",), ("fast",), ("distributed",),
+         ("constrained",), ("server",), ("views",), ("widgets", "exercises"), ("cli", "__main__")]
 TOP = len(RANKS) + 1  # the package's own __init__ re-exports from below; nothing inside imports it
 
 
