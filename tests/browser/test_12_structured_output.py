@@ -71,7 +71,7 @@ def test_generation_stepper_under_a_grammar(notebook_page):
     allowed = re.search(r"allows ([\d,]+) of the 49,152 tokens", chart.inner_text())
     assert allowed and 0 < int(allowed.group(1).replace(",", "")) < 49_152, chart.inner_text()
     ui.assert_error_line_empty("la-stepper-error")
-    ui.screenshot(root, "12_stepper_grammar_prefill")
+    ui.screenshot(root, "12_stepper_prefill")
 
     # Step, then Play to the end: the answer ends (the grammar allowed the end-of-turn token) and parses.
     root.locator(".la-stepper-step").click()
@@ -82,7 +82,7 @@ def test_generation_stepper_under_a_grammar(notebook_page):
     answer = "".join(tokens.all_inner_texts()).replace("<|im_end|>", "")
     assert parses(answer, SCHEMA), f"the answer under the grammar does not parse: {answer!r}"
     ui.assert_error_line_empty("la-stepper-error")
-    ui.screenshot(root, "12_stepper_grammar_finished")
+    ui.screenshot(root, "12_stepper_finished")
 
     # A schema outside the subset: its sentence in the error line, and nothing else changes, at Prefill too.
     kept, kept_chart = root.locator(".la-stepper-text").inner_text(), chart.inner_text()
