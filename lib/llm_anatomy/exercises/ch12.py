@@ -2,7 +2,7 @@
 the chosen token.
 
 Both checks use patterns and toy vocabularies the notebook never shows (a clock time, a hex colour, a version
-number) and the real tokenizer's 49,152 tokens on a few states of a pattern of their own; the reference is the
+number) and the real tokenizer's 49,152 tokens on two states of a pattern of their own; the reference is the
 course's constrained package (naive_mask, DFA.walk), computed before the learner's code runs and refused to it while
 it runs. Each typical mistake is named in one sentence: only the first byte checked, the last byte skipped, the
 end-of-sequence token allowed too early or never, a special token allowed, the state not advanced, a DEAD state
