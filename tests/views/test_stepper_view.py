@@ -8,7 +8,7 @@ import torch
 
 from llm_anatomy.generate.sampling import SamplingParams
 from llm_anatomy.generate.steps import Candidate, StepResult
-from llm_anatomy.views.stepper import attention_html, cache_html, chart_html, text_html, times_html
+from llm_anatomy.views.stepper import attention_html, cache_html, chart_html, grammar_chart_html, text_html, times_html
 
 
 class CharTokenizer:
@@ -62,3 +62,21 @@ def test_attention_shades_each_token_by_its_weight():
     html = attention_html(CharTokenizer(), [97, 32, 99], torch.tensor([0.5, 0.25, 0.25]), layer=2, head=1)
     assert re.findall(r"rgba\(229,57,53,([\d.]+)\)", html) == ["1.00", "0.50", "0.50"]  # relative to the largest
     assert "\u00b7" in html and "layer 2, head 1" in html  # the space is drawn, the head named
+
+
+def test_the_grammar_chart_strikes_out_what_the_grammar_removed_beside_what_it_kept():
+    candidates = [Candidate(72, "Hi", 0.0, 0.5, allowed=False), Candidate(123, "{", 1.0, 0.2),
+                  Candidate(66, "<b>", 0.0, 0.1, allowed=False)]
+    step = _step(0, 123, 2.0, candidates=candidates)
+    step.allowed_tokens = 3
+    html = grammar_chart_html(step, 49152)
+    rows = re.findall(r'<tr class="(la-stepper-bar[^"]*)" title="id (\d+)"', html)
+    assert rows == [("la-stepper-bar la-stepper-removed", "72"), ("la-stepper-bar la-stepper-kept la-stepper-chosen",
+                                                                  "123"), ("la-stepper-bar la-stepper-removed", "66")]
+    assert html.count("removed by the grammar") == 2 and "<s>Hi</s>" in html and "<s>&lt;b&gt;</s>" in html
+    assert "allows 3 of the 49,152 tokens" in html and "100.0%" in html and "automaton state" not in html
+    from llm_anatomy.constrained.constraint import MaskLookup
+
+    assert "automaton state 7; its mask computed now, on the state's first visit (12.50 ms)" in grammar_chart_html(
+        step, 49152, MaskLookup(7, False, 0.0125))
+    assert "its mask looked up" in grammar_chart_html(step, 49152, MaskLookup(7, True, 1e-5))

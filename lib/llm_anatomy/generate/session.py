@@ -48,6 +48,8 @@ class GenerationSession:
     top_logprobs is not read: each StepResult lists its top_n candidates with their probabilities).
     attention: (layer, head) to record the newest token's attention row at every call, or None.
     top_n: how many candidates each StepResult lists.
+    constraint: None, or a grammar (constrained.GrammarConstraint, notebook 12): its .allowed(generated ids) is a bool
+    [vocab] of the tokens allowed next; the others' logits become -inf before the penalties, filters and draw.
     """
 
     model: ScratchLlama = field(repr=False)
@@ -55,6 +57,7 @@ class GenerationSession:
     params: SamplingParams = field(default_factory=SamplingParams)
     attention: tuple[int, int] | None = None
     top_n: int = 10
+    constraint: object | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.model, ScratchLlama):
@@ -270,16 +273,19 @@ class GenerationSession:
         capped at `limit`; its "stop" is shown as "eos")."""
         params = params or self.params
         output = self.generated[:index]
-        token, probs = sample_next(logits, params, generator or self.generator, prompt=prompt, output=output)
+        allowed = None if self.constraint is None else self.constraint.allowed(output)
+        masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        token, probs = sample_next(masked, params, generator or self.generator, prompt=prompt, output=output)
         token = int(token)
-        candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts)
+        candidates = top_candidates(logits, probs, token, self.top_n, self.token_texts, allowed)
         reason = finish_reason(dataclasses.replace(params, max_tokens=limit), output + [token])  # None: go on
         reason = "eos" if reason == "stop" else reason
         return StepResult(index=index, token_id=token, text=self.tokenizer.decode([token]), prob=float(probs[token]),
                           candidates=candidates, fed_tokens=fed, cache_tokens=cache.length,
                           cache_bytes=cache.used_bytes(), cache_capacity_tokens=cache.max_len,
                           cache_capacity_bytes=cache.allocated_bytes(), ms=0.0, params=params,
-                          finished=reason is not None, stop_reason=reason, attention=attention)
+                          finished=reason is not None, stop_reason=reason, attention=attention,
+                          allowed_tokens=None if allowed is None else int(allowed.sum()))
 
     def _commit(self, result: StepResult, logits: torch.Tensor) -> None:
         self.generated.append(result.token_id)

@@ -23,6 +23,7 @@ class Candidate:
     text: str
     prob: float
     raw_prob: float
+    allowed: bool = True  # False: a grammar's mask removed it (notebook 12); raw_prob is still the model's own
 
 
 @dataclass
@@ -57,6 +58,7 @@ class StepResult:
     stop_reason: str | None = None  # "eos" (stops.finish_reason's "stop": a stop token) or "length" once finished
     attention: torch.Tensor | None = None
     resampled: bool = False
+    allowed_tokens: int | None = None  # with a grammar (the session's constraint): how many tokens it allowed here
 
     @property
     def chosen_rank(self) -> int:
@@ -65,15 +67,22 @@ class StepResult:
 
 
 def top_candidates(logits: torch.Tensor, probs: torch.Tensor, token: int, top_n: int,
-                   token_texts: Callable[[list[int]], list[str]]) -> list[Candidate]:
+                   token_texts: Callable[[list[int]], list[str]],
+                   allowed: torch.Tensor | None = None) -> list[Candidate]:
     """The `top_n` most likely tokens at temperature 1, best first, each with its probability after the filters
     (`probs`) and its raw one; the chosen `token` is added at the end when it ranks lower.
 
     logits, probs: `[vocab]`. Ranked by the raw probability: the filters keep that order, and the learner sees what
-    they cut.
+    they cut. allowed: a grammar's mask `[vocab]` (bool), or None; with one, `logits` are the model's own (unmasked),
+    each candidate says whether the grammar kept it, and the most likely kept tokens are added after the top_n, so
+    that what the grammar removed shows beside what it kept.
     """
     raw = torch.softmax(logits, dim=-1)
     top = torch.topk(raw, min(top_n, raw.numel())).indices.tolist()
+    if allowed is not None:
+        kept = raw.masked_fill(~allowed, -1.0)
+        top += [i for i in torch.topk(kept, min(top_n // 2, int(allowed.sum()))).indices.tolist() if i not in top]
     if token not in top:
         top.append(token)
-    return [Candidate(i, t, float(probs[i]), float(raw[i])) for i, t in zip(top, token_texts(top))]
+    return [Candidate(i, t, float(probs[i]), float(raw[i]), allowed is None or bool(allowed[i]))
+            for i, t in zip(top, token_texts(top))]

@@ -55,6 +55,41 @@ def chart_html(result: StepResult) -> str:
             f'<th>probability</th><th>p</th><th>p at T=1</th><th></th></tr>{"".join(rows)}</table></div>')
 
 
+def grammar_chart_html(result: StepResult, vocab_size: int, lookup=None) -> str:
+    """The model's own top candidates with the ones a grammar removed struck out, beside the ones it kept (their
+    probability under the mask and the filters), and how many of the vocabulary's tokens the grammar allows here.
+    lookup: the constraint's MaskLookup for this step (its state, cached or computed now, the time), or None."""
+    rows = []
+    for c in sorted(result.candidates, key=lambda c: -c.raw_prob):
+        chosen = c.token_id == result.token_id
+        cls = "la-stepper-bar " + ("la-stepper-kept" if c.allowed else "la-stepper-removed") + (
+            " la-stepper-chosen" if chosen else "")
+        if c.allowed:
+            token, colour = _show_token(c.text), "#e65100" if chosen else "#1976d2"
+            bar = f'<div style="background:{colour};height:12px;width:{max(c.prob * 100, 0.5):.1f}%"></div>'
+            mark = "&#9664; chosen" if chosen else ("" if c.prob > 0 else '<span style="color:#999">cut</span>')
+            prob = f"{c.prob:6.1%}"
+        else:
+            token, bar, prob = f"<s>{_show_token(c.text)}</s>", "", "&#8212;"
+            mark = '<span style="color:#999">removed by the grammar</span>'
+        style = "" if c.allowed else ' style="color:#999"'
+        rows.append(f'<tr class="{cls}" title="id {c.token_id}"{style}><td style="{_MONO};text-align:right;'
+                    f'padding-right:6px">{token}</td><td style="width:220px">{bar}</td>'
+                    f'<td style="{_MONO};padding-left:6px">{prob}</td>'
+                    f'<td style="color:#999;padding-left:6px">{c.raw_prob:6.1%}</td>'
+                    f'<td style="color:#e65100;padding-left:6px;white-space:nowrap">{mark}</td></tr>')
+    allowed, cost = result.allowed_tokens, ""
+    if lookup is not None:
+        how = "looked up: this state was seen before" if lookup.cached else "computed now, on the state's first visit"
+        cost = (f'<div class="la-stepper-mask-cost" style="font-size:12px;color:#555">automaton state {lookup.state}; '
+                f'its mask {how} ({lookup.seconds * 1e3:.2f} ms)</div>')
+    return (f'<div><b>Next-token candidates under the grammar</b> (token {result.index + 1}, '
+            f'{result.params.describe()})<div class="la-stepper-allowed" style="font-size:12px">the grammar allows '
+            f'{allowed:,} of the {vocab_size:,} tokens here; the model\'s own candidates it refuses are struck out'
+            f'</div>{cost}<table style="border-collapse:collapse;font-size:12px"><tr style="color:#666"><th>token</th>'
+            f'<th>probability</th><th>p</th><th>model\'s p</th><th></th></tr>{"".join(rows)}</table></div>')
+
+
 def cache_html(result: StepResult) -> str:
     """A gauge of the KV cache: positions and bytes filled out of the preallocated room."""
     share = result.cache_tokens / result.cache_capacity_tokens

@@ -10,4 +10,14 @@ Rules every widget here follows:
 
 from .base import ErrorLine, guarded
 
-__all__ = ["ErrorLine", "guarded"]
+__all__ = ["ErrorLine", "Stepper", "guarded"]
+
+
+def __getattr__(name: str):
+    """`from llm_anatomy.widgets import Stepper` (notebook 12), imported on first use: a widget module loads the
+    model's code, which the other widgets do not need."""
+    if name == "Stepper":
+        from .stepper import Stepper
+
+        return Stepper
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,7 @@
 
     from llm_anatomy.widgets.stepper import Stepper
     Stepper(loaded)            # `loaded` from load_model(); shows itself in a notebook
+    Stepper(loaded, schema=SCHEMA)   # notebook 12: every token under a JSON schema's grammar (claim C26)
 
 A thin shell over `llm_anatomy.generate.session.GenerationSession` (public methods only) and its view
 `llm_anatomy.views.stepper`: Prefill runs the prompt once and
@@ -9,29 +10,38 @@ chooses the first token; Step feeds only the newest token and chooses the next; 
 background thread until Pause, the end-of-turn token or the length limit. Changing temperature,
 top-k, top-p, min-p or a penalty draws the current token again from the logits already computed (no model
 call).
+With a schema (a dict of the course's JSON-schema subset, constrained/schema.py), the session decodes under its
+grammar (constrained.GrammarConstraint: the logits of the tokens the automaton's state refuses become -inf, the
+state follows the text, EOS only where it accepts), and the chart shows the model's own top candidates with the
+ones the grammar removed struck out, beside those it kept, and how many of the vocabulary's tokens it allows. The
+schema sits in its own box; an edited schema applies from the next Prefill (one outside the subset is refused
+in the error line, and nothing changes).
 Everything is plain HTML/CSS in core ipywidgets, updated in place.
 
 CSS classes (for browser tests): root `la-stepper`; parts `la-stepper-prompt`, `-chat`,
 `-prefill`, `-step`, `-play`, `-reset`, `-temperature`, `-top-k`, `-top-p`, `-min-p`, `-repetition`,
 `-presence`, `-frequency`, `-seed`, `-max-new`,
 `-status`, `-text` (tokens are `<span class="la-stepper-token">`, the newest also
-`la-stepper-token-new`), `-chart` (rows `la-stepper-bar`, the chosen one also `la-stepper-chosen`),
-`-cache` (the gauge), `-times`, `-attention-on`, `-layer`, `-head`, `-attention`, `-error`.
+`la-stepper-token-new`), `-chart` (rows `la-stepper-bar`, the chosen one also `la-stepper-chosen`; with a
+schema also `la-stepper-kept` or `la-stepper-removed`, and the count `la-stepper-allowed`), `-schema` (with a
+schema only), `-cache` (the gauge), `-times`, `-attention-on`, `-layer`, `-head`, `-attention`, `-error`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 
 import ipywidgets as W
 
+from ..constrained.constraint import GrammarConstraint
 from ..errors import CourseError
 from ..generate.penalties import Penalties
 from ..generate.session import GenerationSession
 from ..generate.sampling import SamplingParams
 from ..model.scratch import as_scratch
-from ..views.stepper import attention_html, cache_html, chart_html, text_html, times_html
+from ..views.stepper import attention_html, cache_html, chart_html, grammar_chart_html, text_html, times_html
 from .base import CourseWidget, ErrorLine, guarded
 
 class Stepper(CourseWidget, W.VBox):
@@ -39,9 +49,9 @@ class Stepper(CourseWidget, W.VBox):
 
     root_class = "la-stepper"
 
-    def __init__(self, loaded=None, *, model=None, tokenizer=None, prompt: str = "What is the capital of France?",
+    def __init__(self, loaded=None, *, model=None, tokenizer=None, prompt: str | None = None,
                  max_new_tokens: int = 64, temperature: float = 0.7, top_k: int = 50, top_p: float = 0.9,
-                 seed: int = 0, min_p: float = 0.0, penalties: Penalties | None = None):
+                 seed: int = 0, min_p: float = 0.0, penalties: Penalties | None = None, schema: dict | None = None):
         if loaded is not None:
             model, tokenizer = as_scratch(loaded), loaded.tokenizer
         if model is None or tokenizer is None:
@@ -53,6 +63,15 @@ class Stepper(CourseWidget, W.VBox):
         self._lock = threading.Lock()  # one model call at a time (buttons and the Play thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._grammar: tuple[str, GrammarConstraint] | None = None  # the last schema text that compiled, its grammar
+        self.schema_box = None
+        if schema is not None:  # compiled now: a schema outside the subset is refused before the widget exists
+            self.schema_box = W.Textarea(value=json.dumps(schema), placeholder="a JSON schema", continuous_update=False,
+                                         layout=W.Layout(width="98%", height="60px"))
+            self.session.constraint = self._constraint()
+        if prompt is None:
+            prompt = "What is the capital of France?" if schema is None else \
+                f"Describe Paris as JSON that follows this schema: {json.dumps(schema)}"
 
         self.prompt = W.Textarea(value=prompt, placeholder="Type a prompt", layout=W.Layout(width="98%", height="60px"))
         self.chat = W.Checkbox(value=True, description="chat template", indent=False)
@@ -92,6 +111,9 @@ class Stepper(CourseWidget, W.VBox):
                  "attention-on": self.attention_on, "layer": self.layer, "head": self.head, "status": self.status,
                  "text": self.text, "chart": self.chart, "cache": self.cache, "times": self.times,
                  "attention": self.attention_view}
+        if self.schema_box is not None:
+            parts["schema"] = self.schema_box
+            self.schema_box.observe(lambda _: self.on_schema_change(), names="value")
         for name, widget in parts.items():
             widget.add_class(f"la-stepper-{name}")
 
@@ -108,7 +130,7 @@ class Stepper(CourseWidget, W.VBox):
             control.observe(lambda _: self.on_attention_change(), names="value")
 
         super().__init__([
-            self.prompt,
+            self.prompt, *([self.schema_box] if self.schema_box is not None else []),
             W.HBox([self.chat, self.prefill_button, self.step_button, self.play_button, self.reset_button]),
             W.HBox([self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.max_new]),
             W.HBox([self.repetition, self.presence, self.frequency]),
@@ -147,6 +169,18 @@ class Stepper(CourseWidget, W.VBox):
         self.session.check_attention((self.layer.value, self.head.value))
         return (self.layer.value, self.head.value)
 
+    def _constraint(self) -> GrammarConstraint:
+        """The schema box's grammar (compiled once per text); CourseError (UnsupportedSchema names the feature) when
+        the text is not JSON or not in the course's subset."""
+        text = self.schema_box.value
+        if self._grammar is None or self._grammar[0] != text:
+            try:
+                schema = json.loads(text)
+            except ValueError as err:
+                raise CourseError(f"The schema is not JSON ({err}): write it as a JSON object.") from None
+            self._grammar = (text, GrammarConstraint.for_schema(schema, self.session.tokenizer))
+        return self._grammar[1]
+
     @property
     def playing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -160,8 +194,15 @@ class Stepper(CourseWidget, W.VBox):
     def on_prefill(self) -> None:
         self._refuse_while_playing()
         params, attention = self._params(), self._attention()
+        constraint = self._constraint() if self.schema_box is not None else None
         with self._lock:  # the session commits the new options only if the prefill succeeds
-            self.session.prefill(self.prompt.value, chat=self.chat.value, params=params, attention=attention)
+            before = self.session.constraint
+            self.session.constraint = constraint
+            try:
+                self.session.prefill(self.prompt.value, chat=self.chat.value, params=params, attention=attention)
+            except Exception:
+                self.session.constraint = before  # a refused prefill changes nothing, the grammar neither
+                raise
         self._render()
 
     @guarded
@@ -226,6 +267,11 @@ class Stepper(CourseWidget, W.VBox):
             self._render()
 
     @guarded
+    def on_schema_change(self) -> None:
+        self._constraint()
+        self.error.show_note("The schema applies from the next Prefill.")
+
+    @guarded
     def on_seed_change(self) -> None:
         self.session.set_seed(self.seed.value)
         self.error.show_note(f"Seed {self.seed.value} applies from the next Prefill.")
@@ -258,7 +304,9 @@ class Stepper(CourseWidget, W.VBox):
         if last is None:
             return
         self.text.value = text_html(s.tokenizer, s.prompt_ids, s.generated)
-        self.chart.value = chart_html(last)
+        grammar = s.constraint
+        self.chart.value = chart_html(last) if grammar is None else grammar_chart_html(last, grammar.vocab_size,
+                                                                                       grammar.last)
         self.cache.value = cache_html(last)
         self.times.value = times_html(s.steps)
         if last.attention is not None and s.attention is not None:
