@@ -16,7 +16,8 @@ key), and when the queue is full (429, with Retry-After). A stream whose client 
 stops the response, and the `finally` below tells the engine, whose next round frees the request's blocks.
 A chat request's `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}})
 constrains its answer to JSON by the course's token mask (structured.py); a schema outside the course's subset is a
-400 that names the feature. A stream sends its usage as OpenAI does: only with `stream_options: {"include_usage": true}`, in one more chunk after
+400 that names the feature.
+A stream sends its usage as OpenAI does: only with `stream_options: {"include_usage": true}`, in one more chunk after
 the finish reason's, with `"choices": []`.
 """
 

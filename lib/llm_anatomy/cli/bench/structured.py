@@ -35,16 +35,10 @@ INSTALL = "pip install --no-deps -r requirements-nodeps.txt"
 
 
 def _model(model_size: str, device, tokenizer):
-    """(scratch model, its name): the default model, or the tiny random shape with the tokenizer's vocabulary."""
-    from ...model.scratch import ScratchLlama
+    """The scratch model: the default model, or the tiny random shape with the tokenizer's vocabulary."""
+    from . import load_bench_model
 
-    if model_size == "default":
-        from . import load_bench_model
-
-        return load_bench_model("default", device, torch.float32 if device.type == "cpu" else None)[1]
-    from ...weights.random import random_llama
-
-    return ScratchLlama.from_hf(random_llama("tiny", device, vocab_size=len(tokenizer)))
+    return load_bench_model(model_size, device, torch.float32, vocab_size=len(tokenizer))[1]
 
 
 def _xgrammar():
