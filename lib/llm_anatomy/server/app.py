@@ -180,10 +180,12 @@ class Server:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = chat_prompt_ids(self.engine.tokenizer, messages)[0].tolist()  # the model's own chat template
         top = (req.top_logprobs or 0) if req.logprobs else None
-        try:  # compiling a new schema takes a fraction of a second: not on the event loop
-            constraint = await asyncio.to_thread(self.formats.row_mask, req.response_format)
-        except UnsupportedSchema as err:
-            raise APIError(400, str(err), param="response_format", code="unsupported_schema") from None
+        constraint = None
+        if req.response_format is not None and req.response_format.type != "text":
+            try:  # compiling a new schema takes a fraction of a second: on a worker thread, not the event loop
+                constraint = await asyncio.to_thread(self.formats.row_mask, req.response_format)
+            except UnsupportedSchema as err:
+                raise APIError(400, str(err), param="response_format", code="unsupported_schema") from None
         return await self._serve(request, req, ids, top, "chat",
                                  req.max_completion_tokens or req.max_tokens, received, constraint)
 
