@@ -35,6 +35,12 @@ class Nested(pydantic.BaseModel):  # pydantic writes Where as a "$defs" entry an
     where: Where
 
 
+@pytest.fixture(scope="module")
+def formats(reference_tokenizer):
+    """The maskers of this module's formats, over the default model's vocabulary (its bytes and trie made once)."""
+    return Formats(reference_tokenizer, keep=4)
+
+
 def _format(schema: dict, name: str = "answer") -> dict:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
@@ -74,8 +80,7 @@ def test_pydantic_refs_are_written_out_in_place_and_recursive_ones_refused():
     assert format_pattern(_parsed_format({"type": "text"})) is None
 
 
-def test_a_pattern_is_compiled_once_and_its_maskers_share_the_vocabulary(reference_tokenizer):
-    formats = Formats(reference_tokenizer, keep=2)
+def test_a_pattern_is_compiled_once_and_its_maskers_share_the_vocabulary(formats, reference_tokenizer):
     first, again = formats.row_mask(_parsed_format(_format({"type": "boolean"}))), \
         formats.row_mask(_parsed_format(_format({"type": "boolean"})))
     other = formats.row_mask(_parsed_format(_format({"enum": ["yes", "no"]})))
@@ -91,13 +96,13 @@ def test_a_pattern_is_compiled_once_and_its_maskers_share_the_vocabulary(referen
 # --------------------------------------------------------------------------- on the course's scheduler
 
 
-def test_plain_rows_keep_their_greedy_tokens_beside_constrained_rows(real, real_scratch, greedy_reference):
+def test_plain_rows_keep_their_greedy_tokens_beside_constrained_rows(real, real_scratch, greedy_reference, formats):
     from llm_anatomy.generate.chat import chat_prompt_ids
     from llm_anatomy.serve.batching import Request
     from llm_anatomy.serve.paged_kv import PagedKVPool
     from llm_anatomy.serve.scheduler import ContinuousScheduler
 
-    formats, eos = Formats(real.tokenizer), real.tokenizer.eos_token_id
+    eos = real.tokenizer.eos_token_id
     ids = chat_prompt_ids(real.tokenizer, ASK)[0].tolist()
     plain = [Request(ids, 8), Request(real.tokenizer("The capital of France is").input_ids, 8)]
     shaped = [Request(ids, 24, eos_token_id=eos, constraint=formats.row_mask(_parsed_format(OBJECT))),
@@ -118,9 +123,12 @@ def test_plain_rows_keep_their_greedy_tokens_beside_constrained_rows(real, real_
 
 def test_a_json_object_answer_whole_and_streamed_is_the_same_json(client, model_id):
     whole = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=40, temperature=0,
-                                           response_format=OBJECT)
+                                           response_format=OBJECT, logprobs=True, top_logprobs=2)
     text = whole.choices[0].message.content
     assert whole.choices[0].finish_reason == "stop" and isinstance(json.loads(text), dict)
+    # the logprobs are the model's own, before the mask (vLLM's default): finite, the chosen token's included
+    entries = whole.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == text and all(e.logprob > float("-inf") for e in entries)
     chunks = list(client.chat.completions.create(model=model_id, messages=ASK, max_tokens=40, temperature=0,
                                                  response_format=OBJECT, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
