@@ -29,6 +29,7 @@ def test_the_mask_figures_are_real_and_the_cache_is_what_makes_it_cheap(quick_js
     assert m["cached_over_decode"] == pytest.approx(m["cached_s"] / m["decode_step_s"])
     assert r["aim_met"] is (m["cached_over_decode"] < structured.AIM)  # printed from the figures, not asserted
     assert r["ours_compile"]["dfa_states"] == compile_pattern(schema_pattern(structured.SCHEMA)).num_states
+    assert 0 < r["ours_compile"]["minimal_dfa_states"] <= r["ours_compile"]["dfa_states"]
 
 
 def test_decoding_figures_count_the_tokens_each_run_made(quick_json):

@@ -3,7 +3,8 @@
     {"type": "json_object"}                                    any JSON object (JSON_OBJECT below)
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}   one schema of the subset
 
-A format becomes a pattern (constrained/schema.py), a DFA over bytes and a TokenMasker. The masker's cache of masks
+A format becomes a pattern (constrained/schema.py), a minimal DFA over bytes (constrained/minimize.py) and a
+TokenMasker. The masker's cache of masks
 per state is the expensive part, and it only depends on the pattern, so `Formats` keeps one masker per pattern and
 every request with that pattern shares it; the DFA state is each request's own (`RowMask`, on the scheduler's
 Request). The engine thread is the only one that asks a masker for masks, so the shared cache needs no lock.
@@ -24,6 +25,7 @@ from collections import OrderedDict
 import torch
 
 from ..constrained import DEAD, TokenMasker, UnsupportedSchema, compile_pattern, escape, schema_pattern
+from ..constrained.minimize import minimized
 from ..constrained.schema import NUMBER, STRING
 from ..errors import CourseError
 
@@ -34,8 +36,8 @@ MAX_LENGTH = 1000  # the largest minLength/maxLength compiled: a bound of n is n
 def json_object_pattern(depth: int = JSON_OBJECT_DEPTH) -> str:
     """Any JSON object whose objects and arrays nest at most `depth` deep, written as json.dumps writes it
     (separators ", " and ": ", no other whitespace): a regular pattern can only count brackets up to a bound, and
-    each level's values are the level below's, so the pattern grows fourfold per level (3 levels: about 3,400 DFA
-    states)."""
+    each level's values are the level below's, so the pattern grows fourfold per level (3 levels: about 3,400 states
+    from the subset construction, about 300 once minimized)."""
     if depth < 1:
         raise CourseError(f"A JSON object has at least one level of nesting, not {depth}.")
     scalar = f"{STRING}|{NUMBER}|true|false|null"
@@ -136,7 +138,7 @@ class Formats:
     is made on its first visit, on the engine thread: a few ms for most states, but a state inside a JSON string
     allows nearly every token and its first walk of the trie takes about 0.3 s on a 2-core CPU, during which that
     step waits; every later request with the same pattern finds it cached. The masks are 49,152 bools each: a
-    pattern whose requests have visited n states keeps n * 48 KB.
+    pattern keeps at most one per state of its minimal DFA (json_object: about 300, some 15 MB).
     """
 
     def __init__(self, tokenizer, keep: int = 16):
@@ -150,7 +152,7 @@ class Formats:
             if pattern in self._maskers:
                 self._maskers.move_to_end(pattern)
                 return self._maskers[pattern]
-        dfa = compile_pattern(pattern)
+        dfa = minimized(compile_pattern(pattern))  # states with the same future share one mask
         with self._lock:
             if self._base is None:  # never asked for a mask itself: an evicted pattern's masks are not kept here
                 self._base = TokenMasker.for_tokenizer(dfa, self.tokenizer)
