@@ -1,13 +1,13 @@
 """The API's response_format: a request's answer constrained to JSON by the course's own token mask (issue 50).
 
-    {"type": "json_object"}                                    any JSON object (JSON_OBJECT below)
+    {"type": "json_object"}                                    any JSON object (json_object_pattern below)
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": true}}   one schema of the subset
 
 A format becomes a pattern (constrained/schema.py), a minimal DFA over bytes (constrained/minimize.py) and a
-TokenMasker. The masker's cache of masks
-per state is the expensive part, and it only depends on the pattern, so `Formats` keeps one masker per pattern and
-every request with that pattern shares it; the DFA state is each request's own (`RowMask`, on the scheduler's
-Request). The engine thread is the only one that asks a masker for masks, so the shared cache needs no lock.
+TokenMasker. The masker's cache of masks per state is the expensive part, and it only depends on the pattern, so
+`Formats` keeps one masker per pattern and every request with that pattern shares it; the DFA state is each
+request's own (`RowMask`, on the scheduler's Request). The engine thread is the only one that asks a masker for
+masks, so the shared cache needs no lock.
 
 The sampler (serve/sampler.py) applies a request's RowMask to its row of logits before its draw and advances its state
 by the chosen token, so the end of the turn (EOS) is allowed only where the JSON is complete; rows without a format
@@ -30,7 +30,8 @@ from ..constrained.schema import NUMBER, STRING
 from ..errors import CourseError
 
 JSON_OBJECT_DEPTH = 3  # json_object: objects and arrays nested at most this deep (a DFA cannot count brackets)
-MAX_LENGTH = 1000  # the largest minLength/maxLength compiled: a bound of n is n copies of a string's character
+MAX_LENGTH = 256  # the largest minLength/maxLength compiled: a bound of n is n copies of a string's character
+MINIMIZE_UP_TO = 4096  # DFA states: a larger DFA is used as it is (minimizing it takes seconds, not a fraction)
 
 
 def json_object_pattern(depth: int = JSON_OBJECT_DEPTH) -> str:
@@ -152,7 +153,9 @@ class Formats:
             if pattern in self._maskers:
                 self._maskers.move_to_end(pattern)
                 return self._maskers[pattern]
-        dfa = minimized(compile_pattern(pattern))  # states with the same future share one mask
+        dfa = compile_pattern(pattern)
+        if dfa.num_states <= MINIMIZE_UP_TO:
+            dfa = minimized(dfa)  # states with the same future share one mask
         with self._lock:
             if self._base is None:  # never asked for a mask itself: an evicted pattern's masks are not kept here
                 self._base = TokenMasker.for_tokenizer(dfa, self.tokenizer)
