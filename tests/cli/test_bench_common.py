@@ -12,13 +12,13 @@ from llm_anatomy.cli import bench
 from llm_anatomy.cli.main import main
 
 
-@pytest.mark.parametrize("topic", ["decode", "serving", "fast"])
+@pytest.mark.parametrize("topic", ["decode", "serving", "fast", "structured"])
 def test_bad_threads_are_refused_before_any_work(topic, capsys):
     assert main(["bench", topic, "--threads", "0", "--model-size", "tiny", "--quick"]) == 1
     assert "--threads must be at least 1, not 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("topic", ["decode", "serving", "fast"])
+@pytest.mark.parametrize("topic", ["decode", "serving", "fast", "structured"])
 def test_the_real_entry_refuses_in_one_line_and_exits_1(topic):
     """The one subprocess run of each topic: `python -m llm_anatomy bench TOPIC` is wired to its main(), and an error
     is one line on stderr and exit status 1, with no traceback (the other tests call main() in this process)."""
@@ -27,7 +27,7 @@ def test_the_real_entry_refuses_in_one_line_and_exits_1(topic):
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "error: --threads must be at least 1, not 0.\n")
 
 
-@pytest.mark.parametrize("topic", ["decode", "serving", "fast"])
+@pytest.mark.parametrize("topic", ["decode", "serving", "fast", "structured"])
 def test_an_unknown_model_size_is_refused_by_the_parser(topic, capsys):
     with pytest.raises(SystemExit):
         main(["bench", topic, "--model-size", "70b"])

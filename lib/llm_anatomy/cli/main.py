@@ -7,11 +7,12 @@ import sys
 
 from ..errors import CourseError
 from . import check, doctor, serve
-from .bench import api, decode, fast, load, parallel, serving, stepper, tokenizer
+from .bench import api, decode, fast, load, parallel, serving, stepper, structured, tokenizer
 
 # bench topics: each module's main(argv) prints its figures (one JSON object with --json)
 BENCHES = {"decode": decode.main, "load": load.main, "stepper": stepper.main, "tokenizer": tokenizer.main,
-           "serving": serving.main, "fast": fast.main, "parallel": parallel.main, "api": api.main}
+           "serving": serving.main, "fast": fast.main, "parallel": parallel.main, "api": api.main,
+           "structured": structured.main}
 
 
 def fetch(argv: list[str]) -> int:

@@ -68,6 +68,9 @@ class Request:
     logprobs: list = field(default_factory=list, repr=False)  # per output token: (logprob, [(id, logprob), ...])
     cancelled: bool = False  # ContinuousScheduler.cancel took it out before it was done
     error: str | None = None  # why it ended with an error (a step that ran it failed: ContinuousScheduler.fail)
+    # a grammar on its tokens (server/structured.RowMask: .apply(logits) before each draw, .advance(token) after), or
+    # None; its state is this request's own (the API's response_format)
+    constraint: object = field(default=None, repr=False)
 
     def __post_init__(self, max_new_tokens, eos_token_id):
         if isinstance(self.prompt, torch.Tensor):
@@ -97,8 +100,9 @@ class Request:
         self._eos = None if eos is None else int(eos)
 
     def fresh(self) -> "Request":
-        """A copy with nothing recorded yet (the same params), to serve the same request again."""
-        return Request(list(self.prompt), None, self.arrival_s, self._eos, self.id, params=self.params)
+        """A copy with nothing recorded yet (the same params, its constraint back at its start), to serve it again."""
+        return Request(list(self.prompt), None, self.arrival_s, self._eos, self.id, params=self.params,
+                       constraint=None if self.constraint is None else self.constraint.fresh())
 
     @property
     def tokens(self) -> list[int]:

@@ -14,6 +14,9 @@ A request is refused before the engine sees it when it is bad (400: not JSON, an
 too long for the context; 404: an unknown model or route; 413: a body over `max_body_bytes`; 401: a wrong or missing
 key), and when the queue is full (429, with Retry-After). A stream whose client goes away is cancelled: Starlette
 stops the response, and the `finally` below tells the engine, whose next round frees the request's blocks.
+A chat request's `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}})
+constrains its answer to JSON by the course's token mask (structured.py); a schema outside the course's subset is a
+400 that names the feature.
 A stream sends its usage as OpenAI does: only with `stream_options: {"include_usage": true}`, in one more chunk after
 the finish reason's, with `"choices": []`.
 """
@@ -39,8 +42,10 @@ from ..errors import CourseError
 from ..generate.chat import chat_prompt_ids
 from ..generate.sampling import SamplingParams
 from . import schemas
+from ..constrained import UnsupportedSchema
 from .sizing import check_max_waiting
 from .schemas import APIError, ChatRequest, CompletionRequest
+from .structured import Formats
 
 
 def _error(err: APIError) -> JSONResponse:
@@ -70,6 +75,7 @@ class Server:
         self.engine, self.name, self.metrics, self.api_key = engine, model_name, metrics, api_key
         self.max_body_bytes, self.default_max_tokens = max_body_bytes, default_max_tokens
         self.created = int(time.time())
+        self.formats = Formats(engine.tokenizer)  # response_format's maskers, one per pattern, shared by requests
 
     def app(self) -> Starlette:
         routes = [Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
@@ -174,8 +180,14 @@ class Server:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         ids = chat_prompt_ids(self.engine.tokenizer, messages)[0].tolist()  # the model's own chat template
         top = (req.top_logprobs or 0) if req.logprobs else None
+        constraint = None
+        if req.response_format is not None and req.response_format.type != "text":
+            try:  # compiling a new schema takes a fraction of a second: on a worker thread, not the event loop
+                constraint = await asyncio.to_thread(self.formats.row_mask, req.response_format)
+            except UnsupportedSchema as err:
+                raise APIError(400, str(err), param="response_format", code="unsupported_schema") from None
         return await self._serve(request, req, ids, top, "chat",
-                                 req.max_completion_tokens or req.max_tokens, received)
+                                 req.max_completion_tokens or req.max_tokens, received, constraint)
 
     async def completion(self, request):
         body = await read_body(request, self.max_body_bytes)
@@ -210,7 +222,8 @@ class Server:
                                 f"{self.engine.context}).", param="max_tokens", code="context_length_exceeded")
         return max_tokens
 
-    async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens, received: float):
+    async def _serve(self, request, req, ids: list[int], top_logprobs, kind: str, max_tokens, received: float,
+                     constraint=None):
         # the one SamplingParams of this request (vLLM's names): how to choose, how many, where to stop; checked, and
         # a CourseError is a 400. The engine adds the model's end-of-turn ids to its stop_token_ids.
         params = SamplingParams(
@@ -225,7 +238,7 @@ class Server:
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
         name = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        live = self.engine.submit(ids, params, put, name=name, received_s=received)
+        live = self.engine.submit(ids, params, put, name=name, received_s=received, constraint=constraint)
         reply = schemas.Reply(name, int(time.time()), self.name, kind)
         reply.usage_asked = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         if req.stream:

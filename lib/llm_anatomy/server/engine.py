@@ -157,14 +157,16 @@ class EngineLoop:
         return self.sizer.limit(self.seconds_per_admission()) if self.max_waiting == "auto" else self.max_waiting
 
     def submit(self, prompt: list[int], params: SamplingParams, put, name: str = "",
-               received_s: float | None = None) -> Live:
+               received_s: float | None = None, constraint=None) -> Live:
         """Queue a request (or raise APIError 429 when the queue is full); returns its Live; its events go to put().
         params: how its tokens are picked and when it stops (generate.sampling.SamplingParams: max_tokens, stop strings,
         stop token ids); the end-of-turn tokens of the chat template join its stop token ids, so the scheduler ends the
         turn by the one stop rule. received_s: when its handler had the whole body (engine clock), for the record of
-        where the server's time went."""
+        where the server's time went. constraint: its response_format's RowMask (server/structured.py), its own
+        grammar state, applied by the sampler to its row only; None for a free answer."""
         stop_ids = tuple(dict.fromkeys([*params.stop_token_ids, *sorted(self.end_ids)]))
-        request = Request(list(prompt), params=dataclasses.replace(params, stop_token_ids=stop_ids))
+        request = Request(list(prompt), params=dataclasses.replace(params, stop_token_ids=stop_ids),
+                          constraint=constraint)
         self.scheduler.check(request, self.capacity)  # reads only the model's configuration: safe from here
         with self._lock:  # requests in flight beyond the batch slots wait; one that a free slot will take does not
             queued = max(0, self._in_flight - self.scheduler.max_batch)

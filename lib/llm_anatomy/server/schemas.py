@@ -93,11 +93,34 @@ class _Sampling(_Strict):
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class JSONSchemaFormat(_Strict):
+    """response_format's json_schema: a name, the schema (the course's subset: constrained/schema.py), strict."""
+
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: dict = Field(alias="schema")  # "schema" is a name pydantic's BaseModel keeps for itself
+    strict: bool | None = None  # every answer follows the schema here, strict or not: the mask allows nothing else
+
+
+class ResponseFormat(_Strict):
+    """The chat API's response_format: "text" (no constraint), "json_object" (any JSON object), or "json_schema"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is needed with type 'json_schema', and only with it")
+        return self
+
+
 class ChatRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None  # the answer constrained to JSON (server/structured.py)
 
     @model_validator(mode="after")
     def _logprobs(self):

@@ -40,10 +40,11 @@ def set_threads(threads: int | None, device: str = "auto") -> None:
         pin_cpu_threads(threads)
 
 
-def load_bench_model(model_size: str, device, dtype):
+def load_bench_model(model_size: str, device, dtype, vocab_size: int | None = None):
     """The model a benchmark measures, as (hf, scratch, tokenizer): the course's default model from the offline
     cache ("default", with its tokenizer) or a seeded random one of a named shape (weights.random; tokenizer None),
-    on `device` in `dtype`, and the course's ScratchLlama over the same weights. The benchmarks' one loader."""
+    on `device` in `dtype`, and the course's ScratchLlama over the same weights. The benchmarks' one loader.
+    vocab_size: a random shape's vocabulary instead of its own (a tokenizer's, for a benchmark that decodes text)."""
     from ...model.scratch import ScratchLlama
 
     if model_size == "default":
@@ -54,7 +55,8 @@ def load_bench_model(model_size: str, device, dtype):
     else:
         from ...weights.random import random_llama
 
-        hf, tokenizer = random_llama(model_size, device, dtype), None
+        changes = {} if vocab_size is None else {"vocab_size": vocab_size}
+        hf, tokenizer = random_llama(model_size, device, dtype, **changes), None
     return hf, ScratchLlama.from_hf(hf), tokenizer
 
 
