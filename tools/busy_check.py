@@ -13,7 +13,7 @@ anything else (an `assert` that a picture's story holds, say). Every run must gi
 readings' numbers and the spread warnings beside them may differ, which is what they are for. The table gives each
 notebook's seconds idle and busy; with one core burned no notebook should take more than MAX_RATIO times its idle
 time (a busy run over it is flagged). --out DIR keeps the executed copies, summary.json and table.md. tests/test_busy_machine.py
-runs this on notebooks 05, 06, 07 and 09 with a core burned, after nbval's own run of them (the idle one).
+runs this on notebooks 05, 06, 07, 09 and 12 with a core burned, after nbval's own run of them (the idle one).
 """
 
 from __future__ import annotations
