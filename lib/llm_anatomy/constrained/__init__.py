@@ -16,26 +16,22 @@ What exists (this package):
   count_unconstrained_failures, mask_timing against a decode step, and check_c26, C26's check (claims.claim): an
   answer counts when it ended with EOS and parses and validates (a token that leaves the pattern ends it, failed).
 
-What is tested (tests/constrained, about 3 minutes on 2 busy cores): patterns against re.fullmatch; UTF-8 classes
-refuse invalid, overlong, surrogate bytes; schema patterns against json.dumps texts that validate and texts that do
-not; features outside the subset named; token bytes equal tokenizer.decode for every token; the trie mask equal to
-the naive mask (all three modes); at every step of greedy and sampled generations for 4 schemas (and compact
-separators), our allowed set equal to xgrammar 0.2.9's bitmask (test_constrained_xgrammar.py, skipped where
-xgrammar is not importable), except two differences by design: xgrammar lets a JSON string spell the 16 special
-tokens (we never allow them), and its maxLength string has no escapes and admits raw control bytes; check_c26 holds
-on the real model (8 of 8 sampled answers parse and validate; 4 of 4 unconstrained do not) and raises ClaimFailed
-with the skip-last-byte and first-byte-only masks (tests/COUNTERFACTUALS.md lists both).
+Where it is used: notebook 12 (claim C26) builds each piece in front of the learner, then calls these; evidence.py
+holds C26's cost half (cost_claim: the cached mask against a decode step) and the check against xgrammar
+(compare_with_xgrammar, reference_claim); constraint.py gives the stepper a schema's mask and state
+(GrammarConstraint); minimize.py merges the states with the same future (Moore), which the API's maskers use
+(server/structured.py: response_format); `python -m llm_anatomy bench structured` times it all beside xgrammar.
 
-Figures measured here (2-core CPU, load about 3; mask_timing, best of 3 rounds in turns): a decode step 55 ms; a
-cached mask (look-up + masked_fill over 49,152 logits) 0.07 ms; the naive walk of every token 14 ms per state on
-average over a spread of states; the trie's first visit to a state 22 ms (pure Python; only caching makes it cheap).
-
-What is left for notebook 12: the notebook itself (its C26 cells call check_c26 and count_unconstrained_failures,
-print mask_timing); C26's notebook row in README's contents and INSTRUCTOR; xgrammar in requirements and the lock:
-its wheel requires triton on Linux x86_64, so it is NOT added yet; it imports and runs on the CPU when installed
-with `pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2` (the lead decides how make and CI
-install it); the stepper view of the removed candidates; the API's response_format; bench structured (xgrammar's
-mask time beside ours); the learner's exercises; the quality section (token healing, answer distributions).
+What is tested (tests/constrained): patterns against re.fullmatch; UTF-8 classes refuse invalid, overlong, surrogate
+bytes; schema patterns against json.dumps texts that validate and texts that do not; features outside the subset
+named; token bytes equal tokenizer.decode for every token; the trie mask equal to the naive mask (all three modes);
+at every step of greedy and sampled generations for 4 schemas (and compact separators), our allowed set equal to
+xgrammar 0.2.9's bitmask (test_constrained_xgrammar.py; xgrammar is installed with --no-deps from
+requirements-nodeps.txt, as its wheel requires triton on Linux x86_64 for GPU kernels only), except two differences
+by design: xgrammar lets a JSON string spell the 16 special tokens (we never allow them), and its maxLength string has
+no escapes and admits raw control bytes; check_c26 holds on the real model and raises ClaimFailed with the
+skip-last-byte and first-byte-only masks, and cost_claim with a mask rebuilt naively every step
+(tests/COUNTERFACTUALS.md lists them); a minimized automaton accepts the same strings and gives the same masks.
 """
 
 from .automaton import DEAD, DFA, compile_pattern, escape, parse
