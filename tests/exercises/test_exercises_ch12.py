@@ -56,6 +56,13 @@ def test_token_mask_mistakes():
 
     not_yet(check(walks_none), "None for each special token")
 
+    def no_dead_case(dfa, state, vocab, eos_id):  # the solution without its DEAD case: EOS read from accepting[-1]
+        mask = [data is not None and solutions.advance(dfa, state, data) != DEAD for data in vocab]
+        mask[eos_id] = bool(dfa.accepting[state])
+        return mask
+
+    not_yet(check(no_dead_case), "from DEAD nothing is allowed", "accepting[-1]")
+
 
 def test_the_courses_masks_are_refused_however_they_are_reached():
     from llm_anatomy.constrained import TokenMasker, naive_mask
@@ -92,3 +99,20 @@ def test_advance_mistakes():
 
 def test_the_automatons_own_walk_is_refused():
     not_yet(ch12.check_advance(lambda dfa, state, data: dfa.walk(state, data)), "don't call", "walk")
+
+
+def walk_trace(dfa, state, data: bytes) -> list[int]:
+    """Notebook 12's walk (section 2), in the learner's namespace as this module's globals stand for it here."""
+    states = [state]
+    for byte in data:
+        states.append(dfa.step(states[-1], byte))
+        if states[-1] == DEAD:
+            break
+    return states
+
+
+def test_the_notebooks_walk_trace_is_refused():
+    not_yet(ch12.check_advance(lambda dfa, state, data: walk_trace(dfa, state, data)[-1]), "don't call", "walk_trace")
+    not_yet(ch12.check_token_mask(lambda dfa, state, vocab, eos: [
+        data is not None and state != DEAD and walk_trace(dfa, state, data)[-1] != DEAD for data in vocab]),
+        "don't call", "walk_trace")

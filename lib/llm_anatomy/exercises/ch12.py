@@ -4,14 +4,16 @@ the chosen token.
 Both checks use patterns and toy vocabularies the notebook never shows (a clock time, a hex colour, a version
 number) and the real tokenizer's 49,152 tokens on two states of a pattern of their own; the reference is the
 course's constrained package (naive_mask, DFA.walk), computed before the learner's code runs and refused to it while
-it runs. Each typical mistake is named in one sentence: only the first byte checked, the last byte skipped, the
-end-of-sequence token allowed too early or never, a special token allowed, the state not advanced, a DEAD state
-walked on.
+it runs, as is the notebook's own walk_trace (section 2), which already walks a token's bytes. Each typical mistake
+is named in one sentence: only the first byte checked, the last byte skipped, a DEAD state given a mask (EOS read
+from dfa.accepting[-1]), the end-of-sequence token allowed too early or never, a special token allowed, the state not
+advanced, a DEAD state walked on.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -37,6 +39,14 @@ _TOYS = [_COLOUR, _CLOCK, _VERSION]
 _REAL_PATTERN = r'[a-z_]+ = "[^"\\]*"(; [a-z_]+ = [0-9]+)?'
 _REAL_PREFIXES = [b"max_tokens = \"caf", b"max_tokens = \"ok\"; n = 4"]
 _SHORTCUTS = [(mask_module, "naive_mask"), naive_mask, TokenMasker]
+_NOTEBOOKS_WALKS = ("walk_trace",)  # notebook 12's own walk of a token's bytes (section 2), in the learner's namespace
+
+
+def _notebooks_walks(function) -> list:
+    """The notebook's functions that walk bytes for the learner, as the learner's function sees them: its globals
+    are the notebook's namespace (a lambda's or a helper's too)."""
+    names = getattr(function, "__globals__", {})
+    return [names[n] for n in _NOTEBOOKS_WALKS if isinstance(names.get(n), types.FunctionType)]
 
 
 @functools.cache
@@ -98,7 +108,8 @@ def check_token_mask(token_mask) -> str:
         dfa = compile_pattern(pattern)  # the learner's own copy
         want = naive_mask(dfa, vocab, state, eos)
         try:
-            with forbidden_all(_SHORTCUTS, "walk each token's bytes through the automaton yourself"):
+            with forbidden_all(_SHORTCUTS + _notebooks_walks(token_mask), "walk each token's bytes through the "
+                               "automaton yourself, with dfa.step"):
                 got = call(token_mask, dfa, state, list(vocab), eos)
         except _LearnerFailed as failed:  # a TypeError about None: the special tokens were walked
             err = failed.args[0]
@@ -110,7 +121,11 @@ def check_token_mask(token_mask) -> str:
         if torch.equal(got, want):
             continue
         where = f"for {pattern!r} after {prefix!r}" + (" (DEAD)" if state == DEAD else "")
-        accepts = state != DEAD and dfa.accepting[state]
+        eos_from_dead = (", and not the end-of-sequence token either (dfa.accepting[DEAD] is dfa.accepting[-1], the "
+                         "last state's flag: check for DEAD first).")
+        expect(state != DEAD, f"{where}: from DEAD nothing is allowed, not {int(got.sum())} tokens"
+                              + (eos_from_dead if got[eos] else "."))
+        accepts = dfa.accepting[state]
         expect(not (got[eos] and not accepts), f"{where} you allowed the end-of-sequence token too early: the state "
                                                "does not accept, so the answer would end unfinished.")
         expect(not (accepts and not got[eos]), f"{where} the state accepts, and you never allow the end-of-sequence "
@@ -119,7 +134,6 @@ def check_token_mask(token_mask) -> str:
         special = [i for i, data in enumerate(vocab) if data is None and i != eos and got[i]]
         expect(not special, f"{where} you allowed the special token {special[:1]} (None in vocab): a special token is "
                             "never allowed.")
-        expect(state != DEAD, f"{where}: from DEAD nothing is allowed, not {int(got.sum())} tokens.")
         mistakes = [("first", "you checked only each token's first byte: walk ALL its bytes (one token can cross "
                               "several states, and die on a later byte)."),
                     ("skip_last", "you skipped each token's last byte: walk all of them, the last one too."),
@@ -165,7 +179,8 @@ def check_advance(advance) -> str:
     for pattern, state, data, prefix in _advance_cases():
         dfa = dfas.setdefault(pattern, compile_pattern(pattern))
         want = dfa.walk(state, data)
-        with forbidden_all([(DFA, "walk"), TokenMasker], "step through the bytes yourself with dfa.step"):
+        with forbidden_all([(DFA, "walk"), TokenMasker] + _notebooks_walks(advance), "step through the bytes "
+                           "yourself with dfa.step"):
             got = call(advance, dfa, state, data)
         expect(got is not None, f"advance returned None for {data!r}: return DEAD (-1) when a byte leaves the pattern.")
         got = returned(got, "whole", "the state (an int, or DEAD)")
