@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from llm_anatomy.claims import ClaimFailed
-from llm_anatomy.constrained import (TokenMasker, check_c26, compile_pattern, count_unconstrained_failures,
-                                     mask_timing, parses, schema_pattern, token_bytes)
+from llm_anatomy.constrained import (Answer, TokenMasker, check_c26, compile_pattern, count_unconstrained_failures,
+                                     mask_timing, parses, schema_pattern, token_bytes, why_not_parsed)
 
 # notebook 12's: the string bounded (maxLength) so that every answer can end within the token budget at temperature 1
 SCHEMA = {"type": "object",
@@ -53,6 +53,14 @@ def test_c26_holds_and_unconstrained_answers_do_not_parse(real, real_scratch, ma
                                                  max_new_tokens=16)  # as notebook 12: a whole answer fits in 14
     print(f"unconstrained: {failed} of 4 do not parse, e.g. {texts[0]!r}")
     assert failed > 0
+
+
+def test_a_failed_answer_says_why_a_cut_off_apart_from_not_json():
+    cases = {'{"name": "Jo", "age": 3}': None, '{"a": 1}': "wrong schema", '\n{\n  "path": "/api", "n": ': "cut off",
+             '{"name": "Jo': "cut off", ' {"error": arrays[2]}': "not JSON", "00000000. This bug": "not JSON"}
+    for text, why in cases.items():
+        assert why_not_parsed(Answer([], text), SCHEMA) == why, text
+    assert why_not_parsed(Answer([], '{"name": "Jo', finished=True), SCHEMA) == "not JSON"  # ended, never closed
 
 
 @pytest.mark.counterfactual("C26", "a mask that skips the last byte of each token")

@@ -1,15 +1,16 @@
 """Notebook 12's C26 cells besides check_c26 (constrained/evidence.py), on the real model: the mask's cost per step
-against a decode step (cost_claim), and our masks against xgrammar's at every step (reference_claim), each held to a
-counterfactual world where it must fail: an engine that rebuilds the mask naively every step, a mask that checks
-only each token's first byte."""
+against a decode step (cost_claim), held to its counterfactual world (an engine that rebuilds the mask naively every
+step); the answers' first visits replayed (mask_replay); and our masks against xgrammar's at every step of an answer
+(reference_check: a reference, not a claim; it raises for a mask that checks only each token's first byte)."""
 
 from __future__ import annotations
 
 import pytest
 
 from llm_anatomy.claims import ClaimFailed
-from llm_anatomy.constrained import TokenMasker, compile_pattern, mask_timing, naive_mask, schema_pattern, token_bytes
-from llm_anatomy.constrained.evidence import cost_claim, reference_claim
+from llm_anatomy.constrained import (Answer, TokenMasker, compile_pattern, mask_replay, mask_timing, naive_mask,
+                                     schema_pattern, state_kind, token_bytes)
+from llm_anatomy.constrained.evidence import compare_along, cost_claim, reference_check
 from llm_anatomy.generate.sampling import GREEDY
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -51,27 +52,44 @@ def test_c26_cost_fails_for_an_engine_that_rebuilds_the_mask_every_step(real, re
         cost_claim(figures)
 
 
-def test_the_reference_claim_needs_a_step():
-    with pytest.raises(ClaimFailed, match="no step"):
-        reference_claim([])
-
-
-def _xgrammar_steps(real, real_scratch, dfa_and_vocab, mode):
-    pytest.importorskip("xgrammar")
-    from llm_anatomy.constrained.evidence import compare_with_xgrammar
-
+def test_the_replay_pays_each_first_visit_once(real, dfa_and_vocab):
     dfa, vocab = dfa_and_vocab
+    masker = TokenMasker(dfa, vocab, real.tokenizer.eos_token_id)
+    states = _states(dfa)
+    replay = mask_replay(masker, [Answer([], "", states), Answer([], "", states[:3])])
+    assert replay["steps"] == len(states) + 3 and set(replay["first_visit_s"]) == set(states)
+    assert replay["hit_rate"] == pytest.approx(1 - len(set(states)) / (len(states) + 3))
+    assert not masker.cache  # the replay's cache is its own
+    assert [state_kind(dfa, s) for s in states[:3]] == ["literal", "literal", "string"]
+    assert state_kind(dfa, dfa.walk(dfa.start, b'{"name": "Ada", "age": 3')) == "number"
+
+
+def test_the_reference_check_needs_a_step():
+    with pytest.raises(AssertionError, match="no step"):
+        reference_check({"person": []})
+
+
+def _xgrammar_steps(real, dfa_and_vocab, mode, schema=SCHEMA, text=b'{"name": "Ada", "age": 36}'):
+    pytest.importorskip("xgrammar")
+    dfa, vocab = dfa_and_vocab
+    if schema is not SCHEMA:
+        dfa = compile_pattern(schema_pattern(schema))
     masker = TokenMasker(dfa, vocab, real.tokenizer.eos_token_id, mode)
-    return compare_with_xgrammar(real_scratch, real.tokenizer, SCHEMA, PROMPT, masker, GREEDY, max_new_tokens=8)
+    ids = real.tokenizer.encode(text.decode(), add_special_tokens=False)
+    return compare_along(real.tokenizer, schema, masker, ids)
 
 
-def test_our_masks_equal_xgrammars_in_the_notebooks_cell(real, real_scratch, dfa_and_vocab):
-    steps = _xgrammar_steps(real, real_scratch, dfa_and_vocab, "full")
-    assert "C26 holds" in str(reference_claim(steps)) and len(steps) == 8
+def test_our_masks_equal_xgrammars_along_an_answer(real, dfa_and_vocab):
+    bounded = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                "age": {"type": "integer"}}, "required": ["name", "age"]}
+    steps = {"person": _xgrammar_steps(real, dfa_and_vocab, "full"),
+             "bounded": _xgrammar_steps(real, dfa_and_vocab, "full", bounded)}
+    shown = str(reference_check(steps))
+    assert "reference check, not a verdict" in shown and "differ by design" in shown, shown
+    assert not any(s["by_design"] for s in steps["person"]) and any(s["by_design"] for s in steps["bounded"])
 
 
-@pytest.mark.counterfactual("C26", "a mask that checks only each token's first byte, set against xgrammar's masks")
-def test_c26_reference_fails_for_a_mask_that_checks_only_the_first_byte(real, real_scratch, dfa_and_vocab):
-    steps = _xgrammar_steps(real, real_scratch, dfa_and_vocab, "first_byte")
-    with pytest.raises(ClaimFailed, match="C26 FAILED"):
-        reference_claim(steps)
+def test_the_reference_check_raises_for_a_mask_that_checks_only_the_first_byte(real, dfa_and_vocab):
+    steps = _xgrammar_steps(real, dfa_and_vocab, "first_byte")
+    with pytest.raises(AssertionError, match="differs from xgrammar's"):
+        reference_check({"person": steps})

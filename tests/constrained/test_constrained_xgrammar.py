@@ -5,7 +5,7 @@ the same tokenizer; at every step of a greedy and two sampled generations, our a
 must equal xgrammar's bitmask token for token, and both advance by the same chosen token. One difference is by
 design: xgrammar lets a JSON string contain the special tokens (<|im_start|> ... as their text), which we never
 allow (only EOS, where the state accepts); the comparison leaves those 16 ids out and checks ours refuses them.
-A string with maxLength is the other (see _bounded_string_difference). Skipped where xgrammar is
+A string with maxLength is the other (see constrained.evidence.bounded_string_difference). Skipped where xgrammar is
 not installed (pip install xgrammar --no-deps apache-tvm-ffi: it imports and runs on the CPU without triton).
 """
 
@@ -20,6 +20,7 @@ xgr = pytest.importorskip("xgrammar")
 
 from llm_anatomy.constrained import (TokenMasker, compile_pattern, constrained_generate, parses,  # noqa: E402
                                      schema_pattern, token_bytes)
+from llm_anatomy.constrained.evidence import bounded_string_difference  # noqa: E402
 from llm_anatomy.generate.sampling import SamplingParams  # noqa: E402
 
 SEPARATORS = (", ", ": ")
@@ -65,13 +66,6 @@ def _bitmask_to_bool(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.reshape(-1)[:vocab].bool()
 
 
-def _bounded_string_difference(data: bytes, ours: bool) -> bool:
-    r"""xgrammar 0.2.9 writes a string with maxLength as [^"\\\r\n]{0,n}: no escapes, and raw control bytes
-    (a tab) that JSON forbids. Ours is JSON's string, escapes counted as one character. A token differs for that
-    reason when we allow it and it has a backslash, or xgrammar allows it and it has a control byte."""
-    return (ours and b"\\" in data) or (not ours and any(b < 0x20 and b not in (10, 13) for b in data))
-
-
 @pytest.mark.parametrize("separators", [SEPARATORS, (",", ":")])
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_our_mask_equals_xgrammars_at_every_step(real, real_scratch, xgr_compiler, vocab_bytes, name, separators):
@@ -98,7 +92,7 @@ def test_our_mask_equals_xgrammars_at_every_step(real, real_scratch, xgr_compile
             theirs[special] = False  # xgrammar lets a JSON string spell them (their text); we never allow them
             diff = (allowed ^ theirs).nonzero().flatten().tolist()
             if name == "bounded":  # the two differences by design in a string with maxLength, counted and skipped
-                known = [t for t in diff if _bounded_string_difference(vocab_bytes[t], bool(allowed[t]))]
+                known = [t for t in diff if bounded_string_difference(vocab_bytes[t], bool(allowed[t]))]
                 differences_by_design.update(known)
                 diff = [t for t in diff if t not in known]
             assert not diff, (f"{name}, step {steps}, state {state}: {len(diff)} tokens differ, e.g. "

@@ -11,6 +11,7 @@ accepts and nothing else is allowed, EOS is the only choice. check_c26 is the cl
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 
@@ -89,7 +90,7 @@ def parses(text: str, schema: dict) -> bool:
 
 def mask_timing(model, masker: TokenMasker, states: list[int], *, rounds: int = 3, context: int = 32) -> dict:
     """Seconds per mask against a decode step: naive (every token walked), trie_first (a state's first visit: the
-    trie walked), cached (its mask looked up, applied to the logits).
+    trie walked, nothing cached), cached (its kept mask looked up, applied to the logits).
 
     Measured in turns (one of each per round, the best of the rounds kept), so a busy machine slows all alike.
     """
@@ -97,23 +98,56 @@ def mask_timing(model, masker: TokenMasker, states: list[int], *, rounds: int = 
 
     cache = model.new_cache(1, context + rounds + 2)
     prefill(model, torch.zeros(1, context, dtype=torch.long), cache)
-    fresh = TokenMasker(masker.dfa, masker.tokens, masker.eos_id, masker.mode)  # its trie built, no mask cached yet
-    # the trie walked once per state: what the first visit to a state costs
-    first = timed(lambda: [fresh.allowed(s) for s in states])[0] / len(states)
+    fresh = copy.copy(masker)  # the same trie (no second build), a cache of its own
+    fresh.cache = {}
     for s in states:
-        masker.allowed(s)  # precomputed: what the cached figure measures is the look-up and the masked_fill
+        masker.allowed(s)  # kept: what the cached figure measures is the look-up and the masked_fill
     logits = torch.zeros(len(masker.tokens))
-    best = {"naive_s": float("inf"), "cached_s": float("inf"), "decode_step_s": float("inf")}
+    best = dict.fromkeys(("naive_s", "trie_first_s", "cached_s", "decode_step_s"), float("inf"))
     for _ in range(rounds):
         naive = timed(lambda: [naive_mask(masker.dfa, masker.tokens, s, masker.eos_id) for s in states])[0]
         best["naive_s"] = min(best["naive_s"], naive / len(states))
+        fresh.cache.clear()  # every state a first visit again
+        first = timed(lambda: [fresh.allowed(s) for s in states])[0]
+        best["trie_first_s"] = min(best["trie_first_s"], first / len(states))
         cached = timed(lambda: [logits.masked_fill(~masker.allowed(s), float("-inf")) for s in states])[0]
         best["cached_s"] = min(best["cached_s"], cached / len(states))
         with torch.inference_mode():
             step = timed(lambda: decode_step(model, torch.zeros(1, 1, dtype=torch.long), cache), model.device)[0]
         best["decode_step_s"] = min(best["decode_step_s"], step)
-    best["trie_first_s"] = first
     return best
+
+
+def mask_replay(masker: TokenMasker, answers: list[Answer]) -> dict:
+    """The answers' steps replayed as an engine met them, on a masker with nothing cached: at each step the state's
+    mask (computed on its first visit, looked up after) applied to the logits. What a mask costs per step with the
+    first visits paid, not only the look-up.
+
+    Returns per_step_s (first visits included), steps, hit_rate (the steps whose mask was kept) and first_visit_s
+    (state -> the seconds of its first visit).
+    """
+    fresh = copy.copy(masker)  # the same trie, an empty cache
+    fresh.cache = {}
+    logits = torch.zeros(len(masker.tokens))
+    first, total, steps = {}, 0.0, 0
+    for answer in answers:
+        for state in answer.states:
+            new = state not in fresh.cache
+            seconds = timed(lambda: logits.masked_fill(~fresh.allowed(state), float("-inf")))[0]  # noqa: B023
+            if new:
+                first[state] = seconds
+            total, steps = total + seconds, steps + 1
+    return {"per_step_s": total / max(steps, 1), "steps": steps, "hit_rate": 1 - len(first) / max(steps, 1),
+            "first_visit_s": first}
+
+
+def state_kind(dfa, state: int) -> str:
+    """Where a state of a schema's DFA sits: "literal" (one byte goes on: braces, keys, separators), "number" (digits,
+    a minus sign, the closing brace) or "string" (inside a string: most bytes go on)."""
+    alive = {b for b in range(256) if dfa.step(state, b) != DEAD}
+    if len(alive) <= 1:
+        return "literal"
+    return "number" if alive <= set(b"0123456789-}") else "string"
 
 
 def check_c26(model, tokenizer, schema: dict, prompt, masker: TokenMasker, *, n: int = 8, seed: int = 0,
@@ -136,10 +170,28 @@ def check_c26(model, tokenizer, schema: dict, prompt, masker: TokenMasker, *, n:
     return claim("C26", len(good) == n, evidence), answers
 
 
+def unconstrained_answers(model, tokenizer, prompt, *, n: int = 8, seed: int = 0,
+                          max_new_tokens: int = 64) -> list[Answer]:
+    """`n` answers sampled at temperature 1 without a mask (the seeds check_c26 uses)."""
+    params = SamplingParams(temperature=1.0)
+    return [constrained_generate(model, tokenizer, prompt, None, params, seed=seed + i, max_new_tokens=max_new_tokens)
+            for i in range(n)]
+
+
+def why_not_parsed(answer: Answer, schema: dict) -> str | None:
+    """None when the answer parses and validates; else "wrong schema" (JSON, not the schema's), "cut off" (JSON so
+    far, stopped by the token budget before it could close) or "not JSON" (a byte that no JSON text has there)."""
+    try:
+        json.loads(answer.text)
+    except ValueError as error:
+        so_far = error.pos >= len(answer.text.rstrip()) or error.msg.startswith("Unterminated string")
+        return "cut off" if so_far and not answer.finished else "not JSON"
+    return None if parses(answer.text, schema) else "wrong schema"
+
+
 def count_unconstrained_failures(model, tokenizer, schema: dict, prompt, *, n: int = 8, seed: int = 0,
                                  max_new_tokens: int = 64) -> tuple[int, list[str]]:
     """How many of `n` unconstrained answers (temperature 1, same seeds) do not parse and validate, and the texts."""
-    params = SamplingParams(temperature=1.0)
-    texts = [constrained_generate(model, tokenizer, prompt, None, params, seed=seed + i,
-                                  max_new_tokens=max_new_tokens).text for i in range(n)]
+    texts = [a.text for a in unconstrained_answers(model, tokenizer, prompt, n=n, seed=seed,
+                                                   max_new_tokens=max_new_tokens)]
     return sum(not parses(t, schema) for t in texts), texts
