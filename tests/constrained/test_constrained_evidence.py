@@ -6,6 +6,7 @@ step); the answers' first visits replayed (mask_replay); and our masks against x
 from __future__ import annotations
 
 import pytest
+import torch
 
 from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.constrained import (Answer, TokenMasker, compile_pattern, mask_replay, mask_timing, naive_mask,
@@ -60,6 +61,10 @@ def test_the_replay_pays_each_first_visit_once(real, dfa_and_vocab):
     assert replay["steps"] == len(states) + 3 and set(replay["first_visit_s"]) == set(states)
     assert replay["hit_rate"] == pytest.approx(1 - len(set(states)) / (len(states) + 3))
     assert not masker.cache  # the replay's cache is its own
+    tiny = masker.for_dfa(compile_pattern(r"-?(0|[1-9][0-9]*)"))  # the trie shared, nothing cached
+    tiny.precompute()
+    assert tiny.trie is masker.trie and sorted(tiny.cache) == list(range(tiny.dfa.num_states)) and not masker.cache
+    assert torch.equal(tiny.allowed(1), naive_mask(tiny.dfa, vocab, 1, real.tokenizer.eos_token_id))
     assert [state_kind(dfa, s) for s in states[:3]] == ["literal", "literal", "string"]
     assert state_kind(dfa, dfa.walk(dfa.start, b'{"name": "Ada", "age": 3')) == "number"
 

@@ -11,7 +11,6 @@ accepts and nothing else is allowed, EOS is the only choice. check_c26 is the cl
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 
@@ -98,8 +97,7 @@ def mask_timing(model, masker: TokenMasker, states: list[int], *, rounds: int = 
 
     cache = model.new_cache(1, context + rounds + 2)
     prefill(model, torch.zeros(1, context, dtype=torch.long), cache)
-    fresh = copy.copy(masker)  # the same trie (no second build), a cache of its own
-    fresh.cache = {}
+    fresh = masker.for_dfa(masker.dfa)  # the same trie (no second build), a cache of its own
     for s in states:
         masker.allowed(s)  # kept: what the cached figure measures is the look-up and the masked_fill
     logits = torch.zeros(len(masker.tokens))
@@ -126,8 +124,7 @@ def mask_replay(masker: TokenMasker, answers: list[Answer]) -> dict:
     Returns per_step_s (first visits included), steps, hit_rate (the steps whose mask was kept) and first_visit_s
     (state -> the seconds of its first visit).
     """
-    fresh = copy.copy(masker)  # the same trie, an empty cache
-    fresh.cache = {}
+    fresh = masker.for_dfa(masker.dfa)  # the same trie, an empty cache
     logits = torch.zeros(len(masker.tokens))
     first, total, steps = {}, 0.0, 0
     for answer in answers:

@@ -109,6 +109,17 @@ class TokenMasker:
     def for_tokenizer(cls, dfa: DFA, tokenizer, mode: str = "full", tokens=None) -> "TokenMasker":
         return cls(dfa, tokens if tokens is not None else token_bytes(tokenizer), tokenizer.eos_token_id, mode)
 
+    def for_dfa(self, dfa: DFA) -> "TokenMasker":
+        """A masker for another DFA over the same vocabulary: the trie shared (not built again), nothing cached."""
+        other = TokenMasker.__new__(type(self))
+        other.__dict__.update(self.__dict__, dfa=dfa, cache={})
+        return other
+
+    def precompute(self) -> None:
+        """Every state's mask, before decoding starts (as outlines-core's index): then every step is a look-up."""
+        for state in range(self.dfa.num_states):
+            self.allowed(state)
+
     def allowed(self, state: int) -> torch.Tensor:
         if state not in self.cache:
             self.cache[state] = self._compute(state)
