@@ -1,6 +1,6 @@
 """C26 on the real model and tokenizer: every sampled answer under the mask parses and validates; unconstrained, some
-do not; and the check fails (ClaimFailed) for the two classic mask bugs: the last byte of each token skipped, or only
-the first byte checked: notebook 12's claim cell (its schema, prompt, N and token budget) in its counterfactual worlds.
+do not; and the check fails (ClaimFailed) for the classic mask bugs: the last byte of each token skipped, only the
+first byte checked, or the end-of-sequence token allowed anywhere: notebook 12's claim cell (its schema, prompt, N and token budget) in its counterfactual worlds.
 Also the mask's cost against a decode step (printed; asserted only where any machine agrees), and the trie's mask
 against the naive one on a schema with every kind of value.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llm_anatomy.claims import ClaimFailed
-from llm_anatomy.constrained import (Answer, TokenMasker, check_c26, compile_pattern, count_unconstrained_failures,
+from llm_anatomy.constrained import (Answer, TokenMasker, audit_mask, check_c26, compile_pattern, count_unconstrained_failures,
                                      mask_timing, parses, schema_pattern, token_bytes, why_not_parsed)
 
 # notebook 12's: the string bounded (maxLength) so that every answer can end within the token budget at temperature 1
@@ -75,6 +75,31 @@ def test_c26_fails_when_the_mask_checks_only_the_first_byte(real, real_scratch, 
     with pytest.raises(ClaimFailed, match="C26 FAILED"):
         check_c26(real_scratch, real.tokenizer, SCHEMA, PROMPT, _masker(real, vocab_bytes, "first_byte"), n=N,
                   max_new_tokens=BUDGET)
+
+
+@pytest.mark.counterfactual("C26", "a mask that allows the end-of-sequence token in every state")
+def test_c26_fails_when_the_mask_allows_the_end_anywhere(real, real_scratch, vocab_bytes):
+    """The model rarely ends an answer mid-string, so the sampled answers alone could pass: the audit catches it."""
+    with pytest.raises(ClaimFailed, match="the end-of-sequence token allowed in a state that does not accept"):
+        check_c26(real_scratch, real.tokenizer, SCHEMA, PROMPT, _masker(real, vocab_bytes, "eos_anywhere"), n=N,
+                  max_new_tokens=BUDGET)
+
+
+def test_the_audit_finds_a_wrong_token_a_special_token_and_the_end_refused(real, vocab_bytes, masker):
+    generator = torch.Generator().manual_seed(0)
+    start = masker.dfa.start
+    assert audit_mask(masker, start, masker.allowed(start), generator) is None
+    leaks = masker.allowed(start).clone()
+    leaks[real.tokenizer.convert_tokens_to_ids("hello")] = True  # one wrong token among two right ones
+    for _ in range(3):  # drawn at random, but only three tokens are allowed: it is always drawn
+        assert "leave the pattern" in audit_mask(masker, start, leaks, generator)
+    special = masker.allowed(start).clone()
+    special[0] = True  # <|endoftext|>: a special token, no bytes of text
+    assert "special token" in audit_mask(masker, start, special, generator)
+    accepting = next(s for s in range(masker.dfa.num_states) if masker.dfa.accepting[s])
+    refused = masker.allowed(accepting).clone()
+    refused[masker.eos_id] = False
+    assert "refused in a state that accepts" in audit_mask(masker, accepting, refused, generator)
 
 
 def test_the_cached_mask_costs_less_than_a_tenth_of_a_decode_step(real_scratch, masker):

@@ -45,8 +45,8 @@ from .schema import UnsupportedSchema, schema_pattern
 
 __all__ = ["DEAD", "DFA", "compile_pattern", "escape", "parse", "TokenMasker", "naive_mask", "token_bytes",
            "UnsupportedSchema", "schema_pattern"]
-from .generate import (Answer, check_c26, constrained_generate, count_unconstrained_failures, mask_replay, mask_timing,
-                       parses, state_kind, unconstrained_answers, why_not_parsed)
+from .generate import (Answer, audit_mask, check_c26, constrained_generate, count_unconstrained_failures, mask_replay,
+                       mask_timing, parses, state_kind, unconstrained_answers, why_not_parsed)
 
-__all__ += ["Answer", "check_c26", "constrained_generate", "count_unconstrained_failures", "mask_replay", "mask_timing",
+__all__ += ["Answer", "audit_mask", "check_c26", "constrained_generate", "count_unconstrained_failures", "mask_replay", "mask_timing",
             "parses", "state_kind", "unconstrained_answers", "why_not_parsed"]

@@ -147,24 +147,58 @@ def state_kind(dfa, state: int) -> str:
     return "number" if alive <= set(b"0123456789-}") else "string"
 
 
+AUDIT_SAMPLE = 32  # per step, this many of the allowed tokens walked again through the automaton, byte by byte
+
+
+def audit_mask(masker: TokenMasker, state: int, allowed: torch.Tensor, generator: torch.Generator) -> str | None:
+    """One step's mask against the automaton it was made from: the end-of-sequence token allowed exactly where the
+    state accepts, and AUDIT_SAMPLE allowed tokens drawn at random each walked whole from the state, alive (a sampled
+    answer may never meet the token a buggy mask lets through; the audit looks for it). None, or what is wrong."""
+    dfa, eos = masker.dfa, masker.eos_id
+    accepts = state != DEAD and dfa.accepting[state]
+    if bool(allowed[eos]) != accepts:
+        return f"the end-of-sequence token {'allowed' if allowed[eos] else 'refused'} in a state that " \
+               f"{'does not accept' if allowed[eos] else 'accepts'} (state {state})"
+    ids = allowed.nonzero().flatten()
+    ids = ids[ids != eos]
+    for i in ids[torch.randperm(len(ids), generator=generator)[:AUDIT_SAMPLE]].tolist():
+        if masker.tokens[i] is None:
+            return f"the special token {i} allowed in state {state}"
+        if dfa.walk(state, masker.tokens[i]) == DEAD:
+            return f"token {i} ({masker.tokens[i]!r}) allowed in state {state}, where its bytes leave the pattern"
+    return None
+
+
 def check_c26(model, tokenizer, schema: dict, prompt, masker: TokenMasker, *, n: int = 8, seed: int = 0,
               max_new_tokens: int = 64):
-    """C26's check: of `n` answers sampled at temperature 1 under the mask, all parse and validate.
+    """C26's check: of `n` answers sampled at temperature 1 under the mask, all parse and validate, and every step's
+    mask passes audit_mask (the mask is the grammar's, not only lucky in what was sampled).
 
-    Returns (the claim's verdict, the answers); raises ClaimFailed when any answer does not parse.
+    Returns (the claim's verdict, the answers); raises ClaimFailed when any answer does not parse or a mask is wrong.
     """
-    params = SamplingParams(temperature=1.0)
+    params, steps, wrong = SamplingParams(temperature=1.0), [], []
+    generator = seeded_generator(seed)
+
+    def audit(state, allowed, chosen):
+        steps.append(state)
+        problem = audit_mask(masker, state, allowed, generator)
+        if problem is not None:
+            wrong.append(problem)
+
     answers = [constrained_generate(model, tokenizer, prompt, masker, params, seed=seed + i,
-                                    max_new_tokens=max_new_tokens) for i in range(n)]
+                                    max_new_tokens=max_new_tokens, on_step=audit) for i in range(n)]
     # an answer counts when the model ended it (EOS) and it parses and validates; one that a token took out of the
     # pattern (only a buggy mask allows such a token) ends there, unfinished: an engine would have nothing to sample
     good = [a for a in answers if a.finished and parses(a.text, schema)]
     bad = [a for a in answers if a not in good]
     first = "" if not bad else f"; the first that does not: {bad[0].text!r}" + (" (a token left the pattern)"
                                                                                if bad[0].died else "")
+    audited = (f"at {len(steps) - len(wrong)} of {len(steps)} steps the mask allowed the end-of-sequence token "
+               f"only where the automaton accepts and {AUDIT_SAMPLE} of its allowed tokens, drawn at random, each "
+               f"walked whole through the automaton" + (f"; first wrong: {wrong[0]}" if wrong else ""))
     evidence = (f"{len(good)} of {n} answers sampled at temperature 1 under the mask end, parse and validate against "
-                f"the schema{first}")
-    return claim("C26", len(good) == n, evidence), answers
+                f"the schema{first}; {audited}")
+    return claim("C26", len(good) == n and not wrong, evidence), answers
 
 
 def unconstrained_answers(model, tokenizer, prompt, *, n: int = 8, seed: int = 0,

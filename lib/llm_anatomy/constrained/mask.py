@@ -6,8 +6,9 @@ is three bytes); the end-of-sequence token only where the state accepts; other s
 the vocabulary once per state and caches the result, so a state reached again costs a dictionary look-up, as
 outlines-core's index and xgrammar's per-state cache do.
 
-`mode` plants the two classic bugs, for the counterfactual tests of C26: "skip_last" walks all but a token's last
-byte, "first_byte" only its first.
+`mode` plants the classic bugs, for the counterfactual tests of C26: "skip_last" walks all but a token's last
+byte, "first_byte" only its first, "eos_anywhere" allows the end-of-sequence token in every live state (an answer may
+stop half-written).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from ..errors import CourseError
 from .automaton import DEAD, DFA
 
-MODES = ("full", "skip_last", "first_byte")
+MODES = ("full", "skip_last", "first_byte", "eos_anywhere")
 
 
 def gpt2_byte_table() -> dict[str, int]:
@@ -66,7 +67,7 @@ def naive_mask(dfa: DFA, tokens: list[bytes | None], state: int, eos_id: int, mo
         return allowed
     ok = [data is not None and len(data) > 0 and _walk(dfa, state, data, mode) != DEAD for data in tokens]
     allowed = torch.tensor(ok, dtype=torch.bool)
-    allowed[eos_id] = dfa.accepting[state]
+    allowed[eos_id] = dfa.accepting[state] or mode == "eos_anywhere"
     return allowed
 
 
@@ -140,7 +141,7 @@ class TokenMasker:
                     ids.extend(ends[node])
                 if after == DEAD:
                     continue
-                if mode == "full":
+                if mode in ("full", "eos_anywhere"):
                     ids.extend(ends[node])
                 if mode == "first_byte":
                     subtree = [node]
@@ -153,7 +154,7 @@ class TokenMasker:
         allowed = torch.zeros(len(self.tokens), dtype=torch.bool)
         if ids:
             allowed[torch.tensor(ids)] = True
-        allowed[self.eos_id] = state != DEAD and self.dfa.accepting[state]
+        allowed[self.eos_id] = state != DEAD and (self.dfa.accepting[state] or self.mode == "eos_anywhere")
         return allowed
 
     def advance(self, state: int, token_id: int) -> int:
