@@ -9,7 +9,7 @@ from llm_anatomy.claims import ClaimFailed
 from llm_anatomy.distributed import collectives as coll
 from llm_anatomy.distributed.collectives import (LINKS, SMALL_TP2, Link, check_latency_bound, check_step_prediction,
                                                  fit_link, predict_from_shard, predict_tp_step, spread, tp_pays_up_to,
-                                                 tp_step_collectives, tp_step_timeline)
+                                                 tp_step_collectives)
 from llm_anatomy.errors import CourseError
 from llm_anatomy.model.scratch import ScratchConfig
 
@@ -56,21 +56,6 @@ def test_the_prediction_adds_compute_over_tp_and_every_collective():
     shared = predict_tp_step(0.09, 3, calls, link, cores=2)  # 3 ranks on 2 cores compute in 2 turns
     assert shared["turns"] == 2 and shared["compute_s"] == pytest.approx(0.06)
     assert predict_tp_step(0.09, 1, [], link)["total_s"] == pytest.approx(0.09)
-
-
-def test_the_calibrated_timeline_lasts_as_long_as_the_prediction():
-    link = Link(3e-4, 4e8)
-    for cores in (None, 2):
-        ranks = tp_step_timeline(SMOL, 3, 0.09, link, cores=cores)
-        predicted = predict_tp_step(0.09, 3, tp_step_collectives(SMOL, 3), link, cores=cores)["total_s"]
-        assert len(ranks) == 3 and all(r[-1][3] == pytest.approx(predicted) for r in ranks)
-        assert sum(k == "all_reduce" for k, *_ in ranks[0]) == 61
-    turns = tp_step_timeline(SMOL, 3, 0.09, link, cores=2)
-    assert turns[2][1][0] == "wait" and turns[2][2][2] > turns[0][1][2]  # on 2 cores the third rank computes after
-    # the first two
-    assert turns[0][2][0] == "all_reduce" and turns[0][2][2] < turns[2][3][2]  # ... so the first waits longer inside
-    alone = tp_step_timeline(SMOL, 1, 0.09, link)
-    assert {k for k, *_ in alone[0]} == {"compute"} and alone[0][-1][3] == pytest.approx(0.09)
 
 
 def test_the_scaling_books_decode_rule_and_the_latency_floor():

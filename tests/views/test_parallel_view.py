@@ -9,12 +9,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from llm_anatomy.distributed.collectives import Link, tp_step_timeline  # noqa: E402
+from llm_anatomy.distributed.collectives import Link  # noqa: E402
 from llm_anatomy.distributed.pipeline import schedule  # noqa: E402
 from llm_anatomy.errors import CourseError  # noqa: E402
 from llm_anatomy.model.scratch import ScratchConfig  # noqa: E402
 from llm_anatomy.views.parallel import (plot_block_split, plot_bubble, plot_link_fit, plot_pipeline_gantt,  # noqa: E402
-                                        plot_tp_measured, plot_tp_timeline)
+                                        plot_tp_measured)
 
 SMOL = ScratchConfig(49152, 576, 1536, 30, 9, 3, 64, 1e5, 1e-5, 8192)
 
@@ -28,16 +28,6 @@ def test_the_block_split_names_each_ranks_heads_and_both_all_reduces():
     text = _texts(ax)
     assert "rank 0" in text and "rank 2" in text and text.count("all-\nreduce") == 2
     assert "query heads 6-8\nKV head 2" in text and "width 1024-1535" in text  # rank 2's heads and MLP columns
-    plt.close("all")
-
-
-def test_the_tp_timeline_draws_each_rank_and_its_waits():
-    ranks = tp_step_timeline(SMOL, 3, 0.09, Link(3e-4, 4e8), cores=2)
-    ax = plot_tp_timeline(ranks)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
-    assert "(ms)" in ax.get_xlabel() and len(ax.patches) == sum(len(r) for r in ranks)
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["computing its share", "waiting for a core", "inside an all-reduce", "inside the all-gather"]
     plt.close("all")
 
 

@@ -162,54 +162,6 @@ def break_even_latency(weight_bytes: float, layers: int, tp: int, hbm_bytes_per_
     return (alone - alone / tp) / (2 * layers)
 
 
-def tp_step_timeline(cfg, tp: int, compute_s: float, link: Link,
-                     cores: int | None = None) -> list[list[tuple[str, str, float, float]]]:
-    """The calibrated timeline of one TP decode step: for each rank, its segments (kind, site, start_s, end_s).
-
-    compute_s: the step measured on one rank alone (TP = 1); each rank's share, compute_s / TP, is split among the
-    blocks' attention and MLP and the LM head in proportion to the weight bytes each reads (decode reads every weight
-    once). With `cores` < TP, rank r computes in turn r // cores (see predict_tp_step). A collective starts when the
-    last rank arrives and lasts link.seconds(its bytes); a rank that arrived earlier waits inside it.
-    kind is "compute", "wait" (for a core, in a later turn), "all_reduce" or "all_gather".
-    """
-    h = cfg.hidden_size
-    attention = 2 * h * cfg.num_heads * cfg.head_dim + 2 * h * cfg.num_kv_heads * cfg.head_dim  # q, o; k, v
-    mlp = 3 * h * cfg.intermediate_size
-    head = cfg.vocab_size * h
-    per_weight = compute_s / tp / (cfg.num_layers * (attention + mlp) + head)
-    turns = -(-tp // cores) if cores else 1
-    calls = iter(tp_step_collectives(cfg, tp))  # none for TP = 1
-    ranks: list[list[tuple[str, str, float, float]]] = [[] for _ in range(tp)]
-    now = 0.0
-
-    def phase(site: str, weights: int) -> None:
-        """Every rank computes its share of `site` (in turns), then the collective that follows it, if any."""
-        nonlocal now
-        seconds = weights * per_weight
-        for r, segments in enumerate(ranks):
-            start = now + (r // cores if cores else 0) * seconds
-            if seconds and start > now:  # a later turn: the rank waits for a core
-                segments.append(("wait", site, now, start))
-            if seconds:
-                segments.append(("compute", site, start, start + seconds))
-        now += turns * seconds
-        call = next(calls, None)
-        if call is not None:
-            op, where, nbytes = call
-            end = now + link.seconds(nbytes)
-            for r, segments in enumerate(ranks):
-                arrived = segments[-1][3] if segments else 0.0
-                segments.append((op, where, arrived, end))
-            now = end
-
-    phase("embedding", 0)  # the lookup costs next to nothing; its all-reduce follows
-    for _ in range(cfg.num_layers):
-        phase("attention", attention)
-        phase("mlp", mlp)
-    phase("logits", head)
-    return ranks
-
-
 # --------------------------------------------------------------------------- the checks of claim C22
 
 # A small model for C22 on a CPU: SmolLM2-135M's depth (30 layers: 61 all-reduces a step) and its grouped-query layout,

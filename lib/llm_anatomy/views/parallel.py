@@ -57,30 +57,6 @@ def plot_block_split(cfg, tp: int, ax=None):
     return ax
 
 
-def plot_tp_timeline(ranks: list[list[tuple[str, str, float, float]]], ax=None, title: str | None = None):
-    """One TP decode step on each rank: compute (blue) against time inside a collective (red: all-reduce, orange:
-    all-gather), grey where a rank waits for a CPU core. ranks: each rank's segments (kind, site, start_s, end_s), from collectives.tp_step_timeline."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    tp = len(ranks)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.8 + 0.5 * tp))
-    for r, segments in enumerate(ranks):
-        for kind, _, start, end in segments:
-            ax.barh(r, (end - start) * 1e3, left=start * 1e3, height=0.6, color=COLOURS[kind], lw=0)
-    ax.set_yticks(range(tp), [f"rank {r}" for r in range(tp)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time within one decode step (ms)")
-    ax.set_title(title or "One TP decode step: computing, and waiting inside the collectives")
-    kinds = {kind for segments in ranks for kind, *_ in segments}
-    names = (("compute", "computing its share"), ("wait", "waiting for a core"), ("all_reduce", "inside an all-reduce"),
-             ("all_gather", "inside the all-gather"))
-    ax.legend(handles=[Patch(color=COLOURS[k], label=n) for k, n in names if k in kinds],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return ax
-
-
 MEASURED_PARTS = (("compute", "outside the collectives (computing)", "#4c72b0"),
                   ("attention", "the all-reduces after attention", "#c44e52"),
                   ("mlp", "the all-reduces after the MLP", "#8c1c2c"),
