@@ -9,16 +9,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from controls import set_number, stepper_greedy_chat
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1500)]
 
 PROMPT = "What is the capital of France?"
 
-
-def _set_number(box, value) -> None:
-    field = box.locator("input")
-    field.fill(str(value))
-    field.press("Enter")
 
 
 def _cache_positions(cache) -> int:
@@ -41,12 +37,7 @@ def test_generation_stepper(notebook_page, reference_tokenizer):
     # Start clean, greedy, with the chat template.
     root.locator(".la-stepper-reset").click()
     expect(status).to_contain_text("press Prefill", timeout=60_000)
-    root.locator(".la-stepper-prompt textarea").fill(PROMPT)
-    _set_number(root.locator(".la-stepper-temperature"), 0)
-    chat = root.locator(".la-stepper-chat input[type=checkbox]")
-    if not chat.is_checked():
-        chat.check()
-    _set_number(root.locator(".la-stepper-max-new"), 40)
+    stepper_greedy_chat(root, PROMPT, 40)
 
     # Prefill: the whole prompt in one call, its K and V in the cache, and the first new token.
     root.locator(".la-stepper-prefill").click()
@@ -83,22 +74,22 @@ def test_generation_stepper(notebook_page, reference_tokenizer):
 
     # A refused setting: shown in the widget, nothing else changes.
     kept = text.inner_text()
-    _set_number(root.locator(".la-stepper-top-k"), -1)
+    set_number(root.locator(".la-stepper-top-k"), -1)
     expect(error).to_contain_text("top-k must be 0", timeout=60_000)
     assert text.inner_text() == kept
-    _set_number(root.locator(".la-stepper-top-k"), 50)
+    set_number(root.locator(".la-stepper-top-k"), 50)
 
     # min-p and the penalties, the same way: a refused value in the widget's error line, the text untouched;
     # a good value clears the line
-    _set_number(root.locator(".la-stepper-min-p"), 1.5)
+    set_number(root.locator(".la-stepper-min-p"), 1.5)
     expect(error).to_contain_text("min_p must be in [0, 1]", timeout=60_000)
     assert text.inner_text() == kept
-    _set_number(root.locator(".la-stepper-min-p"), 0.1)
+    set_number(root.locator(".la-stepper-min-p"), 0.1)
     expect(error).to_have_text(re.compile(r"^\s*$"), timeout=60_000)
-    _set_number(root.locator(".la-stepper-repetition"), 0)
+    set_number(root.locator(".la-stepper-repetition"), 0)
     expect(error).to_contain_text("repetition_penalty must be a finite number > 0", timeout=60_000)
     assert text.inner_text() == kept
-    _set_number(root.locator(".la-stepper-repetition"), 1)
+    set_number(root.locator(".la-stepper-repetition"), 1)
     expect(error).to_have_text(re.compile(r"^\s*$"), timeout=60_000)
 
     # Reset clears the text and the cache gauge.

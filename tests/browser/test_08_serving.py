@@ -10,14 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from controls import set_number
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1500)]
 
-
-def _set_number(box, value) -> None:
-    field = box.locator("input")
-    field.fill(str(value))
-    field.press("Enter")
 
 
 def _summary(root) -> str:
@@ -40,8 +36,8 @@ def test_serving_stepper(notebook_page):
     ui.screenshot(root, "08_serving_empty")
 
     # A request after the shared prefix: it waits, then one step admits it and prefills its prompt.
-    _set_number(root.locator(".la-serving-prompt"), 12)
-    _set_number(root.locator(".la-serving-output"), 4)
+    set_number(root.locator(".la-serving-prompt"), 12)
+    set_number(root.locator(".la-serving-output"), 4)
     shared = root.locator(".la-serving-shared input[type=checkbox]")
     if not shared.is_checked():
         shared.check()
@@ -71,12 +67,12 @@ def test_serving_stepper(notebook_page):
 
     # A request longer than the whole pool: refused with a clear message, nothing changes.
     kept = view.inner_html()
-    _set_number(root.locator(".la-serving-prompt"), 300)
+    set_number(root.locator(".la-serving-prompt"), 300)
     root.locator(".la-serving-submit").click()
     expect(error).to_contain_text("more than the whole KV pool holds", timeout=60_000)
     assert view.inner_html() == kept, "a refused request changed the view"
     ui.screenshot(root, "08_serving_refused")
-    _set_number(root.locator(".la-serving-prompt"), 4)
+    set_number(root.locator(".la-serving-prompt"), 4)
     root.locator(".la-serving-submit").click()
     expect(error).to_have_text("", timeout=60_000)
     expect(root.locator(".la-serving-request.la-serving-waiting")).to_have_count(1)

@@ -13,6 +13,7 @@ import json
 import re
 
 import pytest
+from controls import stepper_greedy_chat
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1500)]
 
@@ -21,11 +22,6 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 PROMPT = f"Describe Paris as JSON that follows this schema: {json.dumps(SCHEMA)}"
 OUTSIDE = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^P"}}, "required": ["city"]}
 
-
-def _set_number(box, value) -> None:
-    field = box.locator("input")
-    field.fill(str(value))
-    field.press("Enter")
 
 
 def _set_schema(root, schema) -> None:
@@ -54,12 +50,7 @@ def test_generation_stepper_under_a_grammar(notebook_page):
     _set_schema(root, SCHEMA)
     if changed:
         expect(error).to_contain_text("applies from the next Prefill", timeout=60_000)
-    root.locator(".la-stepper-prompt textarea").fill(PROMPT)
-    _set_number(root.locator(".la-stepper-temperature"), 0)
-    chat = root.locator(".la-stepper-chat input[type=checkbox]")
-    if not chat.is_checked():
-        chat.check()
-    _set_number(root.locator(".la-stepper-max-new"), 40)
+    stepper_greedy_chat(root, PROMPT, 40)
 
     # Prefill: the first token under the grammar; the model's favourites that are not JSON are struck out.
     root.locator(".la-stepper-prefill").click()
