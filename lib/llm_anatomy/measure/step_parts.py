@@ -258,17 +258,14 @@ def step_split(step, steps: int = 5, device: torch.device | str = "cpu") -> dict
     step_s is the wall time of the calls, clocked apart (under the profiler, which slows each op a little), so that
     the parts adding up to it checks the split: an op counted twice would make them exceed it. Seconds per step.
     """
-    import time
+    from ..device import timed
 
     device = torch.device(device)
     step()  # warm-up
     wall = {}
 
     def run():
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        wall["s"] = time.perf_counter() - start
+        wall["s"] = timed(lambda: [step() for _ in range(steps)], device)[0]
 
     ops = python_ops(profiled_events(run, device))
     if not ops:
@@ -294,3 +291,12 @@ def step_split(step, steps: int = 5, device: torch.device | str = "cpu") -> dict
     split.update(step_s=wall["s"] / steps, ops=round(len(ops) / steps), steps=steps,  # fractions of the four parts' sum
                  fractions={name: split[name] / sum(split[n] for n in named) for name in named})
     return split
+
+
+def format_split(split: dict) -> list[str]:
+    """step_split's figures as two lines of a table (ms per step, and each part's share of the four)."""
+    names = ("matmuls", "casts", "attention", "rest")
+    return [f"{split.get('model', 'the')} decode step, profiled over {split['steps']} steps: {split['step_s'] * 1e3:.1f} ms "
+            f"a step, {split['ops']} aten ops",
+            "  " + ", ".join(f"{n} {split[n] * 1e3:.2f} ms ({split['fractions'][n]:.0%})" for n in names)
+            + f"; the rest: other ops {split['other_ops'] * 1e3:.2f} ms + between ops {split['between_ops'] * 1e3:.2f} ms"]
