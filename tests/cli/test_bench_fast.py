@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import os
+
 import pytest
 import torch
 from bench_helpers import positive, quick_bench_json
@@ -59,12 +61,18 @@ def test_json_has_every_figure(quick_json):
                                  "tiled_peak_memory_ratio_4096", "fastest_decode_tokens_per_s", "fastest_vs_fused_fp32",
                                  "int8_first_32_tokens_equal"}
     assert "static_step" not in r  # no --compile, no GPU
+    sp = r["step_split"]  # the packed step's time by kind of op (issue 51)
+    assert sp["model"] == ("int4" if "int4" in ran else d["fastest_of_all"]) and sp["steps"] == 3
+    assert isinstance(sp["ops"], int) and sp["ops"] > 0 and all(positive(sp[k]) for k in ("matmuls", "rest", "step_s"))
+    ll = r["llama_cpp"]  # no llama-bench named in the tests: no figure, and the way to get one
+    if not os.environ.get("LLAMA_BENCH"):
+        assert ll["tokens_per_s"] is None and "tools/build_llama_bench.sh" in ll["note"]
 
 
 def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
     for words in ("transformers generate", "fused projections", "packed int8", "read bandwidth", "prompt lookup", "tiled",
-                  "targets:"):
+                  "targets:", "aten ops", "llama.cpp"):
         assert words in text
 
 

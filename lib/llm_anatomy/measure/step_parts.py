@@ -238,3 +238,65 @@ def quickest_timelines(steps: dict, device: torch.device | str = "cpu", repeats:
             runs[name].append((max(s.end_s for row in rows.values() for s in row), rows))
     return {name: (min(found, key=lambda run: run[0])[1], Timing([span for span, _ in found], warmup=1))
             for name, found in runs.items()}
+
+
+# --------------------------------------------------------------------------- a step's time, split by kind of op
+
+SPLIT_MATMULS = ("aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm", "aten::_weight_int8pack_mm",
+                 "aten::linear", "aten::mm", "aten::addmm", "aten::matmul")
+SPLIT_CASTS = ("aten::to", "aten::_to_copy", "aten::type_as")
+SPLIT_ATTENTION = ("aten::scaled_dot_product_attention",)
+
+
+def step_split(step, steps: int = 5, device: torch.device | str = "cpu") -> dict:
+    """Where `steps` calls of `step()` spend their time, per step, from torch.profiler (after one warm-up call):
+    the matmuls (the packed kernels, and any plain linear), the dtype casts around them (aten::to), attention (SDPA),
+    and the rest: the other aten ops, and the time between ops (Python, the dispatcher). Also `ops`, the aten ops
+    Python called per step: each is one trip through the dispatcher, what a compiled step would take away.
+
+    The parts come from the profiler's spans (between_ops: the gaps between one op's end and the next one's start);
+    step_s is the wall time of the calls, clocked apart (under the profiler, which slows each op a little), so that
+    the parts adding up to it checks the split: an op counted twice would make them exceed it. Seconds per step.
+    """
+    from ..device import timed
+
+    device = torch.device(device)
+    step()  # warm-up
+    wall = {}
+
+    def run():
+        wall["s"] = timed(lambda: [step() for _ in range(steps)], device)[0]
+
+    ops = python_ops(profiled_events(run, device))
+    if not ops:
+        raise CourseError("The step called no aten ops under the profiler: pass a function that runs one step.")
+    parts = dict.fromkeys(("matmuls", "casts", "attention", "other_ops"), 0.0)
+    for op in ops:
+        kind = ("matmuls" if op.name in SPLIT_MATMULS else "casts" if op.name in SPLIT_CASTS
+                else "attention" if op.name in SPLIT_ATTENTION else "other_ops")
+        parts[kind] += (op.time_range.end - op.time_range.start) / 1e6
+    spans = sorted((op.time_range.start, op.time_range.end) for op in ops)
+    busy, (lo, hi) = 0.0, spans[0]
+    for start, end in spans[1:]:  # the union of the ops' spans: top-level ops do not overlap, but be safe
+        if start > hi:
+            busy, lo, hi = busy + hi - lo, start, end
+        else:
+            hi = max(hi, end)
+    busy += hi - lo
+    between = (max(end for _, end in spans) - spans[0][0] - busy) / 1e6
+    split = {name: seconds / steps for name, seconds in parts.items()}
+    split["between_ops"] = between / steps
+    split["rest"] = split["other_ops"] + split["between_ops"]
+    named = ("matmuls", "casts", "attention", "rest")
+    split.update(step_s=wall["s"] / steps, ops=round(len(ops) / steps), steps=steps,  # fractions of the four parts' sum
+                 fractions={name: split[name] / sum(split[n] for n in named) for name in named})
+    return split
+
+
+def format_split(split: dict) -> list[str]:
+    """step_split's figures as two lines of a table (ms per step, and each part's share of the four)."""
+    names = ("matmuls", "casts", "attention", "rest")
+    return [f"{split.get('model', 'the')} decode step, profiled over {split['steps']} steps: {split['step_s'] * 1e3:.1f} ms "
+            f"a step, {split['ops']} aten ops",
+            "  " + ", ".join(f"{n} {split[n] * 1e3:.2f} ms ({split['fractions'][n]:.0%})" for n in names)
+            + f"; the rest: other ops {split['other_ops'] * 1e3:.2f} ms + between ops {split['between_ops'] * 1e3:.2f} ms"]

@@ -3,6 +3,7 @@
     python -m llm_anatomy bench fast            # the default model, on the best device
     python -m llm_anatomy bench fast --json     # one JSON object instead of the table
     python -m llm_anatomy bench fast --compile  # also torch.compile the decode step (minutes on a small CPU)
+    python -m llm_anatomy bench fast --llama-bench PATH  # also llama.cpp's decode of the same file (or LLAMA_BENCH=PATH)
 
 Figures: from-scratch decoding (plain, fused projections, fused with weights stored [in, out]) against
 transformers' `generate`, with the same greedy tokens, and with every matmul packed in int8 and int4 (packed.py: the
@@ -12,6 +13,9 @@ variant's bytes per token and the fraction of the measured read bandwidth it rea
 decoding against plain decoding on an editing task (the answer copies its input), identical tokens; the peak memory
 of tiled against plain attention at 4,096 tokens; on a GPU, the decode step replayed from a CUDA graph. Timings of
 the variants are interleaved, run by run, so that a busy machine slows them all alike; ratios come from one run.
+The packed int4 step's time split (matmuls, casts, attention, the rest, and its aten ops per step: issue 51), and
+llama.cpp's decode of the course's own Q4_1 file with the same threads, when a llama-bench binary is named
+(tools/build_llama_bench.sh builds one), with our fastest decode's ratio to it.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from ...fast.fused import compile_step, fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
+from ...measure.step_parts import format_split, step_split
 from ...measure.timing import time_interleaved, time_it
-from ...fast.packed import decode_bytes_per_token, difference_sources, kernel_status, pack, token_agreement
+from ...fast.llama_bench import course_gguf, llama_cpp_line, llama_cpp_row
+from ...fast.packed import decode_bytes_per_token, difference_sources, kernel_status, one_step, pack, token_agreement
 from ...fast.speculative import PromptLookupDraft, speculative_generate
 from ...texts import editing_task
 from ...fast.tiled_attention import tiled_attention
@@ -61,8 +67,8 @@ def _load(dev, dtype, model_size: str):
 
 
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, compile_: bool = False,
-        log=lambda message: None) -> dict:
-    """Every measurement, as a dict (what --json prints)."""
+        log=lambda message: None, llama_bench: str | None = None) -> dict:
+    """Every measurement, as a dict (what --json prints). llama_bench: the llama-bench binary (else LLAMA_BENCH)."""
     dev = pick_device(device)
     dtype = default_dtype(dev)
     gpu, small = dev.type == "cuda", quick or model_size == "tiny"
@@ -124,6 +130,16 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                         "step_tokens_per_s": step_speed, "fastest_step_tokens_per_s": max(step_speed.values()),
                         "fastest_vs_fused_fp32": speed[fastest] / speed["fused"],
                         "spread": {name: t.spread for name, t in timings.items()}}
+
+    # 1a. where the packed step's time goes (issue 51): the int4 model's step, else the fastest model's; then llama.cpp
+    #     on the course's own Q4_1 file, decode steps alone, the same threads: its eval rate against ours
+    split_model = "int4" if "int4" in models else fastest
+    log(f"profiling the {split_model} decode step, then llama.cpp's llama-bench ...")
+    with torch.inference_mode():
+        result["step_split"] = {"model": split_model,
+                                **step_split(one_step(models[split_model], chat), steps=3 if small else 10, device=dev)}
+    result["llama_cpp"] = llama_cpp_row(llama_bench, course_gguf(model_size), result["threads"],
+                                        result["decode"]["fastest_step_tokens_per_s"])
 
     # 1b. the packed models' greedy tokens against the fp32 model's: equal for how many tokens, over 128
     n_agree = 16 if small else 128
@@ -274,6 +290,8 @@ def format_table(r: dict) -> str:
                      else f"packed {fmt}: not run ({row['why_not']})")
     lines += [f"  {name:<26} equal for {row['equal_prefix']:>3} of {row['tokens_compared']}; fp32's margin there "
               f"{row.get('fp32_margin_at_first_difference', float('nan')):.3f}" for name, row in r.get("packed_sources", {}).items()]
+    lines += format_split(r["step_split"]) if "step_split" in r else []
+    lines += [llama_cpp_line(r["llama_cpp"])] if "llama_cpp" in r else []
     for key, value in r.get("static_step", {}).items():
         lines.append(f"fixed-shape step: {key} = {value if isinstance(value, str) else round(value, 2)}")
     lines += ["", "targets:"]
@@ -285,10 +303,13 @@ def format_table(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = parser("fast", __doc__, ["default", "tiny"], "default: SmolLM2-135M; tiny: a random-weight model for tests")
     p.add_argument("--compile", action="store_true", help="also torch.compile the decode step (slow to warm up)")
+    p.add_argument("--llama-bench", default=None, metavar="PATH",
+                   help="llama.cpp's llama-bench, run on the same Q4_1 file and threads (default: $LLAMA_BENCH; "
+                        "tools/build_llama_bench.sh builds one)")
     args = p.parse_args(argv)
     set_threads(args.threads, args.device)
-    return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json)), args.json,
-                  format_table)
+    return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json), args.llama_bench),
+                  args.json, format_table)
 
 if __name__ == "__main__":
     sys.exit(main())
