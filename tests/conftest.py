@@ -122,8 +122,12 @@ def _fast_run(config, items) -> None:
     sys.path.insert(0, str(root / "tools"))
     import durations  # repository upkeep, not part of the package
 
+    from busy_background import _busy_notebook
+
     listed = root / "tests" / "DURATIONS.md"
     slow = durations.slow_tests(listed.read_text()) if listed.exists() else set()
+    # the busy-machine reruns: a full run times them in the background, not in their tests, so the list misses them
+    slow |= {item.nodeid for item in items if _busy_notebook(item)}
     keep = [item for item in items if item.nodeid not in slow]
     if len(keep) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item.nodeid in slow])
