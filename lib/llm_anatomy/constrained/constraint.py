@@ -13,7 +13,6 @@ cores), a state seen before is a dictionary look-up (C26's "precomputing makes t
 
 from __future__ import annotations
 
-import copy
 import functools
 from dataclasses import dataclass
 
@@ -77,6 +76,4 @@ def _vocabulary(tokenizer) -> TokenMasker:
 def _masker(pattern: str, tokenizer) -> TokenMasker:
     """The masker of a pattern over a tokenizer's vocabulary, built once and shared: the vocabulary's masker with
     this pattern's DFA and a cache of its own (the trie is shared, read only)."""
-    masker = copy.copy(_vocabulary(tokenizer))
-    masker.dfa, masker.cache = compile_pattern(pattern), {}
-    return masker
+    return _vocabulary(tokenizer).for_dfa(compile_pattern(pattern))

@@ -18,7 +18,6 @@ wants, and their local "$ref"s into "$defs" (a nested model) are written out in 
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 
@@ -159,8 +158,7 @@ class Formats:
         with self._lock:
             if self._base is None:  # never asked for a mask itself: an evicted pattern's masks are not kept here
                 self._base = TokenMasker.for_tokenizer(dfa, self.tokenizer)
-            masker = copy.copy(self._base)  # the tokens and the trie shared; the DFA and the cache its own
-            masker.dfa, masker.cache = dfa, {}
+            masker = self._base.for_dfa(dfa)  # the tokens and the trie shared; the DFA and the cache its own
             self._maskers[pattern] = masker
             while len(self._maskers) > self.keep:
                 self._maskers.popitem(last=False)
