@@ -9,8 +9,8 @@
 #    prefill lands (B2), dtype-labelled peaks (B3), ops, kernel launches and a CUDA graph (B4), identical cached and
 #    uncached tokens in fp32 (B5), a CPU mask beside GPU ids (B8).
 # 2. the mask-device unit test, which runs its CUDA case on a GPU.
-# 3. only when the default model is already in the cache: the decode benchmark, then every notebook 05-11 that
-#    exists under nbval; any raise, failed graph capture or token mismatch fails the check loudly ("!! ... FAILED").
+# 3. only when the default model is already in the cache: the decode benchmark, bench fast's compiled step with CUDA
+#    graphs (issue 51), then every notebook 05-11 that exists under nbval; any raise, failed graph capture or token mismatch fails the check loudly ("!! ... FAILED").
 #
 # Writes $OUT (default: gpu_check_out/) and exits 1 when any check fails.
 set -uo pipefail
@@ -35,6 +35,13 @@ print(int(not cache_problems(default_model_dir(), check_hashes=False)))" 2>/dev/
 if [ "$CUDA" = "1" ] && [ "$CACHED" = "1" ]; then
     echo "== 3. the default model: decode benchmark, then notebooks 05-11 (those that exist) under nbval"
     timeout 240 "$PY" -m llm_anatomy bench --json > "$OUT/bench_default.json" || { echo "bench FAILED"; status=1; }
+    # issue 51 on a GPU: the fastest packed model's fixed-shape step compiled with mode="reduce-overhead" (inductor's
+    # kernels replayed as CUDA graphs) and replayed from a hand-captured CUDA graph, against its eager step
+    timeout 420 "$PY" -m llm_anatomy bench fast --compile --json > "$OUT/bench_fast_compiled.json" \
+        || { echo "bench fast --compile FAILED"; status=1; }
+    "$PY" -c "import json, sys; s = json.load(open(sys.argv[1])).get('static_step', {}); print('   static step:', s); \
+sys.exit(1 if 'error' in s or 'compiled_tokens_per_s' not in s else 0)" "$OUT/bench_fast_compiled.json" \
+        || { echo "!! the compiled step with CUDA graphs FAILED: see $OUT/bench_fast_compiled.json"; status=1; }
     shopt -s nullglob
     notebooks=(notebooks/0[5-9]_*.ipynb notebooks/1[01]_*.ipynb)
     shopt -u nullglob

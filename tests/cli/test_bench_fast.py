@@ -10,6 +10,7 @@ import torch
 from bench_helpers import positive, quick_bench_json
 
 from llm_anatomy.cli.bench.fast import format_table
+from llm_anatomy.fast.compiled import compiler_status
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,17 @@ def test_json_has_every_figure(quick_json):
     sp = r["step_split"]  # the packed step's time by kind of op (issue 51)
     assert sp["model"] == ("int4" if "int4" in ran else d["fastest_of_all"]) and sp["steps"] == 3
     assert isinstance(sp["ops"], int) and sp["ops"] > 0 and all(positive(sp[k]) for k in ("matmuls", "rest", "step_s"))
+    c = r["compiled"]  # the packed int4 step compiled (issue 51): each wrapper's compile, cold and warm, and speed
+    if "int4" in ran and compiler_status()[0]:
+        assert c["new_tokens"] == 16 and set(c["by_wrapper"]) == {"cpp", "python"}
+        for wrapper, row in c["by_wrapper"].items():
+            assert row["same_tokens"] is True, wrapper
+            assert all(positive(row[k]) for k in ("cold_s", "warm_s", "step_tokens_per_s", "eager_step_tokens_per_s"))
+            assert row["speedup"] == pytest.approx(row["step_tokens_per_s"] / row["eager_step_tokens_per_s"])
+            assert [len(v) for v in row["per_turn_tokens_per_s"].values()] == [1, 1]  # --quick: one turn
+        assert c["by_wrapper"]["cpp"]["cold_after"] == [] and c["by_wrapper"]["python"]["cold_after"] == ["cpp"]
+    elif "int4" in ran:
+        assert "no C++ compiler" in c["error"]
     ll = r["llama_cpp"]  # no llama-bench named in the tests: no figure, and the way to get one
     if not os.environ.get("LLAMA_BENCH"):
         assert ll["tokens_per_s"] is None and "tools/build_llama_bench.sh" in ll["note"]
@@ -72,7 +84,7 @@ def test_json_has_every_figure(quick_json):
 def test_the_table_names_each_figure(quick_json):
     text = format_table(quick_json)
     for words in ("transformers generate", "fused projections", "packed int8", "read bandwidth", "prompt lookup", "tiled",
-                  "targets:", "aten ops", "llama.cpp"):
+                  "targets:", "aten ops", "llama.cpp", "compiled packed int4 step"):
         assert words in text
 
 

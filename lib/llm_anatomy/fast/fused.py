@@ -219,12 +219,3 @@ def replay_evidence(eager_s: float, replay_s: float, margin: float = REPLAY_MARG
     return (replay_s <= margin * eager_s,
             f"the fixed-shape step eager {eager_s * 1e3:.3f} ms, replayed from a CUDA graph {replay_s * 1e3:.3f} ms: "
             f"{replay_s / eager_s:.2f}x (bar {margin:.2f}x)")
-
-
-# A cold torch.compile of the packed int4 decode step on the course's 2-core CPU test machine, as recorded in issue 44
-# (a reviewer's run of `python -m llm_anatomy bench fast --compile`); the notebook quotes it and never compiles on a
-# CPU.
-RECORDED_CPU_COMPILE = {"step": "packed int4 decode step (SmolLM2-135M, batch 1)", "cold_compile_s": 91,
-                        "speedup": 1.40, "machine": "the course's 2-core CPU test machine",
-                        "source": "`python -m llm_anatomy bench fast --compile --json`: static_step's "
-                                  "compile_seconds, and compiled_tokens_per_s over eager_tokens_per_s"}

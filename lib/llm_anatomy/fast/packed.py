@@ -97,6 +97,10 @@ class PackedProjection(Projection):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(self.activations)  # [tokens, in], in the kernels' dtype (bf16 by default)
+        return self.matmul(rows).view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., out], the caller's dtype
+
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """The packed kernel alone: rows `[tokens, in]` in the activations' dtype -> `[tokens, out]` in it."""
         if self.fmt == "int8":
             if self.kernel == "torch._weight_int8pack_mm":
                 y = torch._weight_int8pack_mm(rows, self.codes, self.scale)
@@ -106,7 +110,7 @@ class PackedProjection(Projection):
             y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
         else:
             y = torch._weight_int4pack_mm(rows, self.packed, self.group_size, self.scales_and_zeros)
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., out], in the caller's dtype
+        return y
 
     def dequantized(self) -> torch.Tensor:
         """The weights the kernel multiplies by, fp32 [out, in]: code * scale, or (code - 8) * scale + zero (for int4

@@ -28,19 +28,29 @@ from ..model.kv_cache import KVCache, KVCacheInterface
 
 @torch.inference_mode()
 def prefill(model, prompt_ids: torch.Tensor, cache: KVCacheInterface, *, attention_mask: torch.Tensor | None = None,
-            positions: torch.Tensor | None = None, attention_layers=(), logits_to_keep: int = 1):
+            positions: torch.Tensor | None = None, attention_layers=(), logits_to_keep: int = 1,
+            check_range: bool = True):
     """Run the prompt `[batch, seq]` (or the next chunk of it) through the model, appending its K and V to `cache`.
 
     attention_mask `[batch, keys]` (0: padding) and positions `[seq]` or `[batch, seq]`: as in the model's trace.
     Returns the model's output (llm_anatomy.model.scratch.ScratchOutput) with the logits of the last
     `logits_to_keep` positions, `[batch, logits_to_keep, vocab]` (0: every position), and the attention weights of
-    `attention_layers`. A call that fails leaves a cache's length as it was, so no half-written position is ever
+    `attention_layers`. check_range=False skips reading the ids back to check them (the model's trace): a compiled
+    step (fast/compiled.py) feeds only ids the model chose, and a read back would break its graph. A call that fails leaves a cache's length as it was, so no half-written position is ever
     counted.
     """
+    return _prefill(model, prompt_ids, cache, attention_mask=attention_mask, positions=positions,
+                    attention_layers=attention_layers, logits_to_keep=logits_to_keep, check_range=check_range)
+
+
+def _prefill(model, prompt_ids, cache, *, attention_mask=None, positions=None, attention_layers=(), logits_to_keep=1,
+             check_range=True):
+    """prefill's work, without entering inference_mode: a decode_step that torch.compile traces calls it, since
+    dynamo cannot trace into inference_mode (the compiled step runs under the caller's; fast/compiled.py)."""
     length_before = getattr(cache, "length", None)  # a view counts no positions: nothing to rewind
     try:
         return model.trace(prompt_ids, cache, attention_mask, positions=positions, keep_hidden=False,
-                           attention_layers=attention_layers, logits_to_keep=logits_to_keep)
+                           attention_layers=attention_layers, logits_to_keep=logits_to_keep, check_range=check_range)
     except Exception:
         if length_before is not None:
             cache.length = length_before
@@ -48,16 +58,18 @@ def prefill(model, prompt_ids: torch.Tensor, cache: KVCacheInterface, *, attenti
 
 
 def decode_step(model, token_ids: torch.Tensor, cache: KVCacheInterface, *, attention_mask: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None, attention_layers=()):
+                positions: torch.Tensor | None = None, attention_layers=(), check_range: bool = True):
     """Feed only the newest token `[batch, 1]`: its K and V are appended to `cache`; logits `[batch, 1, vocab]`.
 
-    attention_mask: a padded batch's mask, extended to this step (extend_mask); positions: as in prefill."""
+    attention_mask: a padded batch's mask, extended to this step (extend_mask); positions, check_range: as in
+    prefill."""
     if token_ids.dim() != 2 or token_ids.shape[1] != 1:
         raise CourseError(f"A decode step feeds one token per sequence, [batch, 1], not {tuple(token_ids.shape)}.")
     if getattr(cache, "length", None) == 0:
         raise CourseError("The cache is empty: prefill the prompt before the first decode step.")
-    return prefill(model, token_ids, cache, attention_mask=attention_mask, positions=positions,
-                   attention_layers=attention_layers)
+    run = _prefill if torch.compiler.is_compiling() else prefill  # torch.compile cannot trace into inference_mode
+    return run(model, token_ids, cache, attention_mask=attention_mask, positions=positions,
+               attention_layers=attention_layers, check_range=check_range)
 
 
 def extend_mask(attention_mask: torch.Tensor | None, new: int = 1) -> torch.Tensor | None:

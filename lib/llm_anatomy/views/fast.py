@@ -94,6 +94,33 @@ def plot_step_times(names, ms_per_token, floor_ms: float, ax=None):
     return ax
 
 
+SPLIT_COLOURS = {"matmuls": "tab:blue", "casts": "tab:purple", "attention": "tab:green", "rest": "tab:orange"}
+
+
+def plot_step_split(splits: dict[str, dict], kernels_ms: float | None = None, ax=None):
+    """Each step's time split (measure.step_parts.step_split) as one stacked bar, milliseconds per step: the packed
+    matmuls, the casts around them, attention, and the rest (the other ops and the gaps between ops), with each
+    step's aten ops per step at its bar's end; kernels_ms: the packed kernels timed alone, a dashed line."""
+    ax = _axes(ax, figsize=(7, 1.2 + 0.7 * len(splits)))
+    names = list(splits)
+    for row, name in enumerate(names):
+        left = 0.0
+        for part, colour in SPLIT_COLOURS.items():
+            width = splits[name][part] * 1e3
+            ax.barh(row, width, left=left, color=colour, label=part if row == 0 else None)
+            left += width
+        ax.annotate(f" {splits[name]['ops']:,} aten ops a step", (left, row), va="center", fontsize=8)
+    if kernels_ms is not None:
+        ax.axvline(kernels_ms, color="black", ls="--", lw=1.2, label=f"packed kernels alone, {kernels_ms:.1f} ms")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    right = max(sum(splits[n][p] for p in SPLIT_COLOURS) * 1e3 for n in names)
+    ax.set_xlim(0, right * 1.45)  # room for the op counts
+    ax.set(xlabel="milliseconds per decode step (under the profiler)", title="Where one packed int4 step's time goes")
+    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.12), frameon=False)
+    return ax
+
+
 ROUND_COLOURS = {"kept": "#c8e6c9", "rejected": "#ffcdd2", "own": "#bbdefb", "first": "#eeeeee"}
 
 

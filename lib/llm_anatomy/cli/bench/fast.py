@@ -13,9 +13,12 @@ variant's bytes per token and the fraction of the measured read bandwidth it rea
 decoding against plain decoding on an editing task (the answer copies its input), identical tokens; the peak memory
 of tiled against plain attention at 4,096 tokens; on a GPU, the decode step replayed from a CUDA graph. Timings of
 the variants are interleaved, run by run, so that a busy machine slows them all alike; ratios come from one run.
-The packed int4 step's time split (matmuls, casts, attention, the rest, and its aten ops per step: issue 51), and
-llama.cpp's decode of the course's own Q4_1 file with the same threads, when a llama-bench binary is named
-(tools/build_llama_bench.sh builds one), with our fastest decode's ratio to it.
+The packed int4 step's time split (matmuls, casts, attention, the rest, and its aten ops per step: issue 51); on a
+CPU with a C++ compiler, the same step compiled as one graph (fast/compiled.py), with inductor's Python wrapper and
+its C++ one: each compile's seconds cold and warm, its decode steps timed in turns with the eager packed step's,
+the same greedy tokens (--no-compiled leaves it out); and llama.cpp's decode of the course's own Q4_1 file with the
+same threads, when a llama-bench binary is named (tools/build_llama_bench.sh builds one), with our fastest decode's
+ratio to it (steps alone, the compiled ones included).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import copy
 import functools
 import statistics
 import sys
+import time
 
 import torch
 
@@ -31,6 +35,7 @@ from ...model.attention import attention
 from ...generate.decode import StaticDecoder, generate_greedy
 from ...device import default_dtype, pick_device
 from ...errors import CourseError
+from ...fast.compiled import compile_times, compiler_status
 from ...fast.fused import compile_step, fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
@@ -47,7 +52,8 @@ from . import load_bench_model, parser, progress, report, set_threads
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
            "tiled_peak_memory_ratio_4096": 0.1,  # a ceiling: at most a tenth
            "fastest_decode_tokens_per_s": 60.0,  # 0.4x llama.cpp's 150 on 2 cores, its eval rate: decode steps alone
-           "fastest_vs_fused_fp32": 2.0, "int8_first_32_tokens_equal": 1.0}
+           "fastest_vs_fused_fp32": 2.0, "int8_first_32_tokens_equal": 1.0,
+           "fastest_vs_llama_cpp": 0.5}  # our fastest decode steps (compiled included) over llama-bench's, when run
 EXACT = ("plain", "fused", "fused_in_out")  # the variants whose greedy tokens must equal transformers' exactly
 
 
@@ -67,8 +73,9 @@ def _load(dev, dtype, model_size: str):
 
 
 def run(device: str = "auto", model_size: str = "default", quick: bool = False, compile_: bool = False,
-        log=lambda message: None, llama_bench: str | None = None) -> dict:
-    """Every measurement, as a dict (what --json prints). llama_bench: the llama-bench binary (else LLAMA_BENCH)."""
+        log=lambda message: None, llama_bench: str | None = None, no_compiled: bool = False) -> dict:
+    """Every measurement, as a dict (what --json prints). llama_bench: the llama-bench binary (else LLAMA_BENCH);
+    no_compiled: leave out the compiled packed step (its compiles take minutes on a small CPU)."""
     dev = pick_device(device)
     dtype = default_dtype(dev)
     gpu, small = dev.type == "cuda", quick or model_size == "tiny"
@@ -138,8 +145,14 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     with torch.inference_mode():
         result["step_split"] = {"model": split_model,
                                 **step_split(one_step(models[split_model], chat), steps=3 if small else 10, device=dev)}
-    result["llama_cpp"] = llama_cpp_row(llama_bench, course_gguf(model_size), result["threads"],
-                                        result["decode"]["fastest_step_tokens_per_s"])
+    # 1b. the packed int4 step compiled as one graph (issue 51): its compile, cold and warm, with each wrapper; its
+    #     steps timed in turns with the eager packed step's; the same greedy tokens. A CPU only (on a GPU, section 5)
+    if "int4" in models and not gpu and not no_compiled:
+        log("compiling the packed int4 decode step (cold and warm, Python and C++ wrappers: minutes on 2 cores) ...")
+        result["compiled"] = _compiled(models["int4"], chat, 16 if small else 128, dev, 1 if small else 5)
+    ours = max([result["decode"]["fastest_step_tokens_per_s"],
+                *[row.get("step_tokens_per_s", 0) for row in result.get("compiled", {}).get("by_wrapper", {}).values()]])
+    result["llama_cpp"] = llama_cpp_row(llama_bench, course_gguf(model_size), result["threads"], ours)
 
     # 1b. the packed models' greedy tokens against the fp32 model's: equal for how many tokens, over 128
     n_agree = 16 if small else 128
@@ -214,6 +227,54 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     return result
 
 
+def _compiled(model, prompt, n: int, dev, turns: int) -> dict:
+    """The packed step compiled (fast/compiled.py) with inductor's C++ wrapper, then its Python one: each compile
+    cold (an empty cache; the second wrapper's in a process that has built the same kernels once, so partly warm:
+    "cold_after" says so) and warm (traced again, the kernels found built); its median step over `n` tokens timed in
+    `turns` turns with the eager packed step's (one wrapper at a time: compiling the next resets dynamo); whether its
+    `n` greedy tokens equal the eager path's."""
+    import tempfile
+
+    ok, why = compiler_status()
+    if not ok:
+        return {"error": why}
+    eager_tokens = generate_greedy(model, prompt, n).tokens.cpu()
+    out = {"new_tokens": n, "by_wrapper": {}}
+
+    def eager():
+        return statistics.median(generate_greedy(model, prompt, n, timed=True).step_seconds[1:])
+
+    def compiled(decoder):
+        token, times = decoder.prefill(prompt), []
+        for _ in range(n - 1):
+            start = time.perf_counter()
+            token = decoder.step(token)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory(prefix="llm-anatomy-inductor-") as tmp:
+        for wrapper in ("cpp", "python"):  # the C++ one first: its cold compile is the truly cold one of the two
+            try:
+                times = compile_times(model, prompt, f"{tmp}/{wrapper}", cpp_wrapper=wrapper == "cpp",
+                                      max_len=prompt.shape[1] + n + 1)
+            except Exception as err:  # noqa: BLE001  a compiler that fails here: say so, keep the other figures
+                out["by_wrapper"][wrapper] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                continue
+            decoder = times.pop("decoder")
+            same = torch.equal(decoder.generate(prompt, n).cpu(), eager_tokens)
+            eager(), compiled(decoder)  # warm-up
+            seconds = {"eager": [], wrapper: []}
+            for _ in range(turns):  # in turns: a busy moment slows both alike
+                seconds["eager"].append(eager())
+                seconds[wrapper].append(compiled(decoder))
+            speed = {name: 1 / statistics.median(s_) for name, s_ in seconds.items()}
+            out["by_wrapper"][wrapper] = {
+                **times, "cold_after": [w for w in out["by_wrapper"] if w != wrapper], "same_tokens": same, "step_tokens_per_s": speed[wrapper],
+                "eager_step_tokens_per_s": speed["eager"], "speedup": speed[wrapper] / speed["eager"],
+                "per_turn_tokens_per_s": {name: [round(1 / x, 1) for x in s_] for name, s_ in seconds.items()}}
+    return out
+
+
 def _static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
     decoder = StaticDecoder(model, 1, prompt.shape[1] + n + 1)
     decoder.prefill(prompt)
@@ -248,6 +309,8 @@ def _targets(r: dict) -> dict:
             "fastest_decode_tokens_per_s": (r["decode"]["fastest_step_tokens_per_s"], ">="),  # as llama.cpp counts
             "fastest_vs_fused_fp32": (r["decode"]["fastest_vs_fused_fp32"], ">="),
             "int8_first_32_tokens_equal": (float(r["packed"]["int8"].get("first_32_equal", False)), ">=")}
+    if r.get("llama_cpp", {}).get("tokens_per_s"):  # issue 51: at least half of llama.cpp's decode, same file, threads
+        rows["fastest_vs_llama_cpp"] = (r["llama_cpp"]["ratio"], ">=")
     return {name: {"value": value, "target": f"{op} {TARGETS[name]}",
                    "met": bool(value >= TARGETS[name] if op == ">=" else value <= TARGETS[name])}
             for name, (value, op) in rows.items()}
@@ -291,6 +354,7 @@ def format_table(r: dict) -> str:
     lines += [f"  {name:<26} equal for {row['equal_prefix']:>3} of {row['tokens_compared']}; fp32's margin there "
               f"{row.get('fp32_margin_at_first_difference', float('nan')):.3f}" for name, row in r.get("packed_sources", {}).items()]
     lines += format_split(r["step_split"]) if "step_split" in r else []
+    lines += _compiled_lines(r["compiled"]) if "compiled" in r else []
     lines += [llama_cpp_line(r["llama_cpp"])] if "llama_cpp" in r else []
     for key, value in r.get("static_step", {}).items():
         lines.append(f"fixed-shape step: {key} = {value if isinstance(value, str) else round(value, 2)}")
@@ -300,16 +364,31 @@ def format_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _compiled_lines(c: dict) -> list[str]:
+    if "error" in c:
+        return [f"compiled packed int4 step: not run ({c['error']})"]
+    lines = [f"compiled packed int4 step (torch.compile, inductor), {c['new_tokens']} tokens, steps alone, in turns "
+             f"with the eager packed step:"]
+    for wrapper, row in c["by_wrapper"].items():
+        lines.append(f"  {wrapper} wrapper: " + (f"not run ({row['error']})" if "error" in row else
+                     f"{row['step_tokens_per_s']:.1f} tokens/s against eager's {row['eager_step_tokens_per_s']:.1f} = "
+                     f"{row['speedup']:.2f} x; compile {row['cold_s']:.0f} s cold, {row['warm_s']:.0f} s warm; same "
+                     f"tokens: {row['same_tokens']}"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser("fast", __doc__, ["default", "tiny"], "default: SmolLM2-135M; tiny: a random-weight model for tests")
     p.add_argument("--compile", action="store_true", help="also torch.compile the decode step (slow to warm up)")
+    p.add_argument("--no-compiled", action="store_true",
+                   help="leave out the compiled packed int4 step (its four compiles take minutes on a small CPU)")
     p.add_argument("--llama-bench", default=None, metavar="PATH",
                    help="llama.cpp's llama-bench, run on the same Q4_1 file and threads (default: $LLAMA_BENCH; "
                         "tools/build_llama_bench.sh builds one)")
     args = p.parse_args(argv)
     set_threads(args.threads, args.device)
-    return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json), args.llama_bench),
-                  args.json, format_table)
+    return report(run(args.device, args.model_size, args.quick, args.compile, progress(args.json), args.llama_bench,
+                      args.no_compiled), args.json, format_table)
 
 if __name__ == "__main__":
     sys.exit(main())
