@@ -28,9 +28,12 @@ def real_int4(real_scratch, real):
     finds the step built: one cold compile in make test, not two)."""
     from llm_anatomy.generate.chat import chat_prompt_ids
 
+    from llm_anatomy.device import choose_cpu_threads, torch_threads
+
     model = pack(real_scratch, "int4")
     chat = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
-    with torch.inference_mode():
+    # inductor's kernels are built for a count of threads: the course's policy's, as notebook 09 will run them
+    with torch.inference_mode(), torch_threads(choose_cpu_threads().threads):
         times = compile_times(model, chat, compile_cache(), max_len=chat.shape[1] + 129)
     return model, chat, times
 

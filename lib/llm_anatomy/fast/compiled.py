@@ -81,6 +81,18 @@ def inductor_cache(path: str | os.PathLike | None):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
+def end_compile_workers() -> None:
+    """Stop the threads and processes inductor started to build kernels in parallel (it keeps them for the next
+    compile): a compile leaves nothing running behind it."""
+    from torch._inductor import async_compile
+
+    pool = async_compile.AsyncCompile.pool
+    if pool.cache_info().currsize:
+        pool().shutdown(wait=True)
+        pool.cache_clear()
+    async_compile.shutdown_compile_workers()
+
+
 class CompiledDecoder:
     """Greedy decoding of batch 1 with `greedy_decode_step` compiled by inductor.
 
@@ -135,8 +147,11 @@ class CompiledDecoder:
         import torch._dynamo as dynamo
 
         start = time.perf_counter()  # past dynamo's recompile limit, an error, not a silent eager run
-        with inductor_cache(self.cache_dir), dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            out = self._step(self.model, token, self.cache)
+        try:
+            with inductor_cache(self.cache_dir), dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                out = self._step(self.model, token, self.cache)
+        finally:
+            end_compile_workers()
         self.compile_s = time.perf_counter() - start
         return out
 
