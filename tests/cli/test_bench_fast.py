@@ -96,13 +96,14 @@ def test_the_default_bench_keeps_its_topics():
 
 def test_the_compiled_static_step_has_room_for_its_tracing_calls(tiny_model, monkeypatch):
     # --compile on a real compiler takes minutes; the eager backend only traces, through the same calls of the step
-    from llm_anatomy.cli.bench import fast
+    from llm_anatomy.cli.bench import fast_compile
     from llm_anatomy.model.scratch import ScratchLlama
 
-    real_compile = fast.compile_step
-    monkeypatch.setattr(fast, "compile_step", lambda fn, dev, mode=None: real_compile(fn, dev, mode=mode, backend="eager"))
+    real_compile = fast_compile.compile_step
+    monkeypatch.setattr(fast_compile, "compile_step",
+                        lambda fn, dev, mode=None: real_compile(fn, dev, mode=mode, backend="eager"))
     prompt = torch.tensor([[5, 6, 7]])
-    out = fast._static_step(ScratchLlama.from_hf(tiny_model), prompt, 4, torch.device("cpu"), True, reps=1)
+    out = fast_compile.static_step(ScratchLlama.from_hf(tiny_model), prompt, 4, torch.device("cpu"), True, reps=1)
     assert positive(out["eager_tokens_per_s"]) and positive(out["compiled_tokens_per_s"]) and out["graph_breaks"] == 0
 
 

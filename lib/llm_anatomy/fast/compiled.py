@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import timed
 from ..errors import CourseError
 from ..generate.decode import decode_step, prefill
 
@@ -146,13 +147,14 @@ class CompiledDecoder:
                 return self._step(self.model, token, self.cache)
         import torch._dynamo as dynamo
 
-        start = time.perf_counter()  # past dynamo's recompile limit, an error, not a silent eager run
-        try:
+        def first():  # past dynamo's recompile limit, an error, not a silent eager run
             with inductor_cache(self.cache_dir), dynamo.config.patch(fail_on_recompile_limit_hit=True):
-                out = self._step(self.model, token, self.cache)
+                return self._step(self.model, token, self.cache)
+
+        try:
+            self.compile_s, out = timed(first, self.model.device)
         finally:
             end_compile_workers()
-        self.compile_s = time.perf_counter() - start
         return out
 
     def warm_up(self, prompt_ids: torch.Tensor) -> float:

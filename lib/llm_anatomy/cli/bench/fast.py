@@ -27,27 +27,26 @@ import copy
 import functools
 import statistics
 import sys
-import time
 
 import torch
 
 from ...model.attention import attention
-from ...generate.decode import StaticDecoder, generate_greedy
+from ...generate.decode import generate_greedy
 from ...device import default_dtype, pick_device
 from ...errors import CourseError
-from ...fast.compiled import compile_times, compiler_status
-from ...fast.fused import compile_step, fuse
+from ...fast.fused import fuse
 from ...measure.memory import peak_tensor_bytes
 from ...measure.peaks import measure_peaks
 from ...measure.roofline import forward_work
 from ...measure.step_parts import format_split, step_split
-from ...measure.timing import time_interleaved, time_it
+from ...measure.timing import time_interleaved
 from ...fast.llama_bench import course_gguf, llama_cpp_line, llama_cpp_row
 from ...fast.packed import decode_bytes_per_token, difference_sources, kernel_status, one_step, pack, token_agreement
 from ...fast.speculative import PromptLookupDraft, speculative_generate
 from ...texts import editing_task
 from ...fast.tiled_attention import tiled_attention
 from . import load_bench_model, parser, progress, report, set_threads
+from .fast_compile import compiled_lines, compiled_step, static_step
 
 TARGETS = {"fused_vs_transformers": 1.3, "decode_read_bandwidth_fraction": 0.7, "prompt_lookup_speedup": 1.5,
            "tiled_peak_memory_ratio_4096": 0.1,  # a ceiling: at most a tenth
@@ -149,7 +148,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     #     steps timed in turns with the eager packed step's; the same greedy tokens. A CPU only (on a GPU, section 5)
     if "int4" in models and not gpu and not no_compiled:
         log("compiling the packed int4 decode step (cold and warm, Python and C++ wrappers: minutes on 2 cores) ...")
-        result["compiled"] = _compiled(models["int4"], chat, 16 if small else 128, dev, 1 if small else 5)
+        result["compiled"] = compiled_step(models["int4"], chat, 16 if small else 128, dev, 1 if small else 5)
     ours = max([result["decode"]["fastest_step_tokens_per_s"],
                 *[row.get("step_tokens_per_s", 0) for row in result.get("compiled", {}).get("by_wrapper", {}).values()]])
     result["llama_cpp"] = llama_cpp_row(llama_bench, course_gguf(model_size), result["threads"], ours)
@@ -217,7 +216,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
     # 5. the fixed-shape step of the fastest model: compiled (optional) and, on a GPU, replayed from a CUDA graph
     if compile_ or gpu:
         try:
-            result["static_step"] = _static_step(models[fastest], chat, 16 if small else 64, dev, compile_, reps)
+            result["static_step"] = static_step(models[fastest], chat, 16 if small else 64, dev, compile_, reps)
             result["static_step"]["model"] = fastest
             if "compiled_tokens_per_s" in result["static_step"]:
                 speed["compiled"] = result["static_step"]["compiled_tokens_per_s"]
@@ -225,80 +224,6 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
             result["static_step"] = {"model": fastest, "error": f"{type(err).__name__}: {str(err)[:300]}"}
     result["targets"] = _targets(result)
     return result
-
-
-def _compiled(model, prompt, n: int, dev, turns: int) -> dict:
-    """The packed step compiled (fast/compiled.py) with inductor's C++ wrapper, then its Python one: each compile
-    cold (an empty cache; the second wrapper's in a process that has built the same kernels once, so partly warm:
-    "cold_after" says so) and warm (traced again, the kernels found built); its median step over `n` tokens timed in
-    `turns` turns with the eager packed step's (one wrapper at a time: compiling the next resets dynamo); whether its
-    `n` greedy tokens equal the eager path's."""
-    import tempfile
-
-    ok, why = compiler_status()
-    if not ok:
-        return {"error": why}
-    eager_tokens = generate_greedy(model, prompt, n).tokens.cpu()
-    out = {"new_tokens": n, "by_wrapper": {}}
-
-    def eager():
-        return statistics.median(generate_greedy(model, prompt, n, timed=True).step_seconds[1:])
-
-    def compiled(decoder):
-        token, times = decoder.prefill(prompt), []
-        for _ in range(n - 1):
-            start = time.perf_counter()
-            token = decoder.step(token)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    with tempfile.TemporaryDirectory(prefix="llm-anatomy-inductor-") as tmp:
-        for wrapper in ("cpp", "python"):  # the C++ one first: its cold compile is the truly cold one of the two
-            try:
-                times = compile_times(model, prompt, f"{tmp}/{wrapper}", cpp_wrapper=wrapper == "cpp",
-                                      max_len=prompt.shape[1] + n + 1)
-            except Exception as err:  # noqa: BLE001  a compiler that fails here: say so, keep the other figures
-                out["by_wrapper"][wrapper] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
-                continue
-            decoder = times.pop("decoder")
-            same = torch.equal(decoder.generate(prompt, n).cpu(), eager_tokens)
-            eager(), compiled(decoder)  # warm-up
-            seconds = {"eager": [], wrapper: []}
-            for _ in range(turns):  # in turns: a busy moment slows both alike
-                seconds["eager"].append(eager())
-                seconds[wrapper].append(compiled(decoder))
-            speed = {name: 1 / statistics.median(s_) for name, s_ in seconds.items()}
-            out["by_wrapper"][wrapper] = {
-                **times, "cold_after": [w for w in out["by_wrapper"] if w != wrapper], "same_tokens": same, "step_tokens_per_s": speed[wrapper],
-                "eager_step_tokens_per_s": speed["eager"], "speedup": speed[wrapper] / speed["eager"],
-                "per_turn_tokens_per_s": {name: [round(1 / x, 1) for x in s_] for name, s_ in seconds.items()}}
-    return out
-
-
-def _static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
-    decoder = StaticDecoder(model, 1, prompt.shape[1] + n + 1)
-    decoder.prefill(prompt)
-    steps = lambda: [decoder.step() for _ in range(n)]  # noqa: E731  (the position runs on; the slots suffice)
-    reset = lambda: decoder.pos.fill_(prompt.shape[1])  # noqa: E731
-    out = {}
-    run = lambda: (reset(), steps())  # noqa: E731
-    eager = time_it(run, dev, warmup=1, repeats=reps).median_s
-    out["eager_tokens_per_s"] = n / eager
-    if compile_:
-        with torch.inference_mode():
-            reset()  # compiling calls the step twice (tracing, then the first compiled call): room for both
-            compiled, seconds, breaks = compile_step(decoder._step, dev, mode="reduce-overhead" if dev.type == "cuda" else None)
-            decoder._step = compiled  # step() now runs the compiled step
-            t = time_it(run, dev, warmup=1, repeats=reps).median_s
-        out.update(compile_seconds=seconds, graph_breaks=breaks, compiled_tokens_per_s=n / t)
-    elif dev.type == "cuda":
-        try:
-            decoder.capture()
-            t = time_it(run, dev, warmup=1, repeats=reps).median_s
-            out["cuda_graph_tokens_per_s"] = n / t
-        except CourseError as err:
-            out["cuda_graph_error"] = str(err)
-    return out
 
 
 def _targets(r: dict) -> dict:
@@ -354,7 +279,7 @@ def format_table(r: dict) -> str:
     lines += [f"  {name:<26} equal for {row['equal_prefix']:>3} of {row['tokens_compared']}; fp32's margin there "
               f"{row.get('fp32_margin_at_first_difference', float('nan')):.3f}" for name, row in r.get("packed_sources", {}).items()]
     lines += format_split(r["step_split"]) if "step_split" in r else []
-    lines += _compiled_lines(r["compiled"]) if "compiled" in r else []
+    lines += compiled_lines(r["compiled"]) if "compiled" in r else []
     lines += [llama_cpp_line(r["llama_cpp"])] if "llama_cpp" in r else []
     for key, value in r.get("static_step", {}).items():
         lines.append(f"fixed-shape step: {key} = {value if isinstance(value, str) else round(value, 2)}")
@@ -362,19 +287,6 @@ def format_table(r: dict) -> str:
     for name, row in r["targets"].items():
         lines.append(f"  {name:<32} {row['value']:8.3f}  (target {row['target']})  {'met' if row['met'] else 'MISSED'}")
     return "\n".join(lines)
-
-
-def _compiled_lines(c: dict) -> list[str]:
-    if "error" in c:
-        return [f"compiled packed int4 step: not run ({c['error']})"]
-    lines = [f"compiled packed int4 step (torch.compile, inductor), {c['new_tokens']} tokens, steps alone, in turns "
-             f"with the eager packed step:"]
-    for wrapper, row in c["by_wrapper"].items():
-        lines.append(f"  {wrapper} wrapper: " + (f"not run ({row['error']})" if "error" in row else
-                     f"{row['step_tokens_per_s']:.1f} tokens/s against eager's {row['eager_step_tokens_per_s']:.1f} = "
-                     f"{row['speedup']:.2f} x; compile {row['cold_s']:.0f} s cold, {row['warm_s']:.0f} s warm; same "
-                     f"tokens: {row['same_tokens']}"))
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
