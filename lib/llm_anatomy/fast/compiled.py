@@ -266,20 +266,14 @@ def time_packed_kernels(model, step, *, repeats: int = 15):
     """The packed kernels of one call of `step()` alone, the Timing of a pass through all of them (read min_s): each
     PackedProjection's kernel called on a ready input of the shape and dtype it got (bf16 rows), in the step's order,
     without the casts around it. What reads the weights' bytes; everything else of the step is overhead to them."""
+    from ..measure.step_parts import layer_calls
     from ..measure.timing import time_it
     from .packed import PackedProjection
 
     layers = [m for m in model.modules() if isinstance(m, PackedProjection)]
     if not layers:
         raise CourseError("This model has no packed layers: pack() it first.")
-    calls = []
-    hooks = [layer.register_forward_hook(lambda layer, args, out: calls.append((layer, args[0].shape)))
-             for layer in layers]
-    try:
-        step()
-    finally:
-        for hook in hooks:
-            hook.remove()
+    calls = [(layer, x.shape) for layer, x, _ in layer_calls(layers, step)]
     rows = {}  # one ready input per shape and dtype: [tokens, in] in the kernel's dtype
     for layer, shape in calls:
         key = (math.prod(shape[:-1]), shape[-1], layer.activations)

@@ -67,6 +67,20 @@ def _layer_bytes(layer) -> int:
     return sum(t.numel() * t.element_size() for t in [*layer.parameters(), *layer.buffers()])
 
 
+def layer_calls(layers, step) -> list[tuple]:
+    """(layer, its input, its output) for every call of one of `layers` during one call of `step()`, in order (read
+    with a forward hook on each, removed after)."""
+    calls = []
+    hooks = [layer.register_forward_hook(lambda layer, args, out: calls.append((layer, args[0], out)))
+             for layer in layers]
+    try:
+        step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
+
+
 def time_matmuls(model, step, *, repeats: int = 5) -> MatmulPass:
     """Time the matmuls of one call of `step()` alone: the model's matmul layers, in the order the step called
     them, on random inputs of the shapes it gave them (read once, with a hook on each layer, from one call of
@@ -80,14 +94,7 @@ def time_matmuls(model, step, *, repeats: int = 5) -> MatmulPass:
     layers = _matmul_layers(model)
     if not layers:
         raise CourseError("This model has no matmul layers (nn.Linear or a projection with out_features) to time.")
-    calls = []
-    hooks = [layer.register_forward_hook(lambda layer, args, out: calls.append((layer, args[0].shape, args[0].dtype, out)))
-             for layer in layers]
-    try:
-        step()
-    finally:
-        for hook in hooks:
-            hook.remove()
+    calls = [(layer, x.shape, x.dtype, out) for layer, x, out in layer_calls(layers, step)]
     if not calls:
         raise CourseError("The step called none of the model's matmul layers: pass the model's own step.")
     device = next(itertools.chain(calls[0][0].parameters(), calls[0][0].buffers())).device
