@@ -28,12 +28,13 @@ def real_int4(real_scratch, real):
     finds the step built: one cold compile in make test, not two)."""
     from llm_anatomy.generate.chat import chat_prompt_ids
 
-    from llm_anatomy.device import choose_cpu_threads, torch_threads
+    from llm_anatomy.device import torch_threads, usable_cores
 
     model = pack(real_scratch, "int4")
     chat = chat_prompt_ids(real.tokenizer, [{"role": "user", "content": "Explain what a KV cache is."}])
-    # inductor's kernels are built for a count of threads: the course's policy's, as notebook 09 will run them
-    with torch.inference_mode(), torch_threads(choose_cpu_threads().threads):
+    # inductor's kernels are built for a count of threads: one per core, as notebook 09 runs them on an idle machine
+    # (the policy's choice now would count make test's busy reruns in the background, and build them for one)
+    with torch.inference_mode(), torch_threads(usable_cores()):
         times = compile_times(model, chat, compile_cache(), max_len=chat.shape[1] + 129)
     return model, chat, times
 

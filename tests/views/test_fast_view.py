@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from llm_anatomy.views.fast import (plot_peak_memory, plot_quantization, plot_speculation, plot_step_times,  # noqa: E402
-                                    speculation_rounds_html)
+from llm_anatomy.views.fast import (plot_peak_memory, plot_quantization, plot_speculation, plot_step_split,  # noqa: E402
+                                    plot_step_times, speculation_rounds_html)
 
 
 def test_each_picture_labels_its_axes_with_units():
@@ -57,4 +58,17 @@ def test_the_rounds_are_coloured_kept_rejected_and_own():
 def test_sdpa_is_the_third_line_of_the_memory_plot():
     ax = plot_peak_memory([256, 512], [10e6, 40e6], [2e6, 3e6], sdpa_bytes=[1e6, 1.5e6])
     assert len(ax.lines) == 3 and "SDPA" in ax.get_legend_handles_labels()[1][2]
+    plt.close("all")
+
+
+def test_the_step_split_stacks_each_steps_parts_in_milliseconds_with_its_op_count():
+    eager = {"matmuls": 0.006, "casts": 0.0007, "attention": 0.0008, "rest": 0.0083, "ops": 1583}
+    compiled = {"matmuls": 0.0055, "casts": 0.0, "attention": 0.0009, "rest": 0.0028, "ops": 271}
+    ax = plot_step_split({"eager": eager, "compiled": compiled}, kernels_ms=5.8)
+    assert "milliseconds" in ax.get_xlabel() and len(ax.patches) == 8  # four parts a bar
+    widths = [p.get_width() for p in ax.patches]
+    assert sum(widths[:4]) == pytest.approx(sum(eager[k] for k in ("matmuls", "casts", "attention", "rest")) * 1e3)
+    assert [t.get_text().strip() for t in ax.texts] == ["1,583 aten ops a step", "271 aten ops a step"]
+    assert ax.get_xlim()[1] > 1.3 * sum(widths[:4])  # room for the labels at the bars' ends
+    assert any("5.8 ms" in t.get_text() for t in ax.get_legend().get_texts())
     plt.close("all")

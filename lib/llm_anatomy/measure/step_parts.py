@@ -11,6 +11,7 @@ Units: seconds, FLOP, bytes.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import math
 from dataclasses import dataclass
 
@@ -252,14 +253,16 @@ def quickest_timelines(steps: dict, device: torch.device | str = "cpu", repeats:
 SPLIT_MATMULS = ("aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm", "aten::_weight_int8pack_mm",
                  "aten::linear", "aten::mm", "aten::addmm", "aten::matmul")
 SPLIT_CASTS = ("aten::to", "aten::_to_copy", "aten::type_as")
-SPLIT_ATTENTION = ("aten::scaled_dot_product_attention",)
+SPLIT_ATTENTION = ("aten::scaled_dot_product_attention",  # eager; a compiled graph calls the CPU kernel itself
+                   "aten::_scaled_dot_product_flash_attention_for_cpu")
 
 
 def step_split(step, steps: int = 5, device: torch.device | str = "cpu") -> dict:
     """Where `steps` calls of `step()` spend their time, per step, from torch.profiler (after one warm-up call):
     the matmuls (the packed kernels, and any plain linear), the dtype casts around them (aten::to), attention (SDPA),
     and the rest: the other aten ops, and the time between ops (Python, the dispatcher). Also `ops`, the aten ops
-    Python called per step: each is one trip through the dispatcher, what a compiled step would take away.
+    Python called per step: each is one trip through the dispatcher, what a compiled step would take away;
+    `names`, a Counter of those ops' names over the `steps` steps.
 
     The parts come from the profiler's spans (between_ops: the gaps between one op's end and the next one's start);
     step_s is the wall time of the calls, clocked apart (under the profiler, which slows each op a little), so that
@@ -296,6 +299,7 @@ def step_split(step, steps: int = 5, device: torch.device | str = "cpu") -> dict
     split["rest"] = split["other_ops"] + split["between_ops"]
     named = ("matmuls", "casts", "attention", "rest")
     split.update(step_s=wall["s"] / steps, ops=round(len(ops) / steps), steps=steps,  # fractions of the four parts' sum
+                 names=Counter(op.name for op in ops),  # each op's calls over the `steps` steps
                  fractions={name: split[name] / sum(split[n] for n in named) for name in named})
     return split
 

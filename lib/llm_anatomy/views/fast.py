@@ -101,7 +101,7 @@ def plot_step_split(splits: dict[str, dict], kernels_ms: float | None = None, ax
     """Each step's time split (measure.step_parts.step_split) as one stacked bar, milliseconds per step: the packed
     matmuls, the casts around them, attention, and the rest (the other ops and the gaps between ops), with each
     step's aten ops per step at its bar's end; kernels_ms: the packed kernels timed alone, a dashed line."""
-    ax = _axes(ax, figsize=(7, 1.2 + 0.7 * len(splits)))
+    ax = _axes(ax, figsize=(7, 1.8 + 0.7 * len(splits)))
     names = list(splits)
     for row, name in enumerate(names):
         left = 0.0
@@ -117,7 +117,7 @@ def plot_step_split(splits: dict[str, dict], kernels_ms: float | None = None, ax
     right = max(sum(splits[n][p] for p in SPLIT_COLOURS) * 1e3 for n in names)
     ax.set_xlim(0, right * 1.45)  # room for the op counts
     ax.set(xlabel="milliseconds per decode step (under the profiler)", title="Where one packed int4 step's time goes")
-    ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.12), frameon=False)
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.24), frameon=False)
     return ax
 
 
