@@ -122,7 +122,8 @@ def test_the_compile_record_gives_the_cold_figure_once_the_cache_holds_the_step(
     assert first["cold_measured_now"] and first["cold_s"] > 0 and first["warm_s"] > 0
     record = json.loads((tmp_path / c.RECORDS).read_text())
     assert [r["cold_s"] for r in record.values()] == [first["cold_s"]]
-    second = compile_times(model, ids, tmp_path, max_len=12)  # the folder holds the step: warm only, the cold one read back
+    # the folder holds the step: the warm compile only, the cold figure read back
+    second = compile_times(model, ids, tmp_path, max_len=12)
     assert not second["cold_measured_now"] and second["cold_s"] == first["cold_s"]
     (tmp_path / c.RECORDS).write_text("{not json")  # a damaged record is measured again, not an error
     assert compile_times(model, ids, tmp_path, max_len=12)["cold_measured_now"]

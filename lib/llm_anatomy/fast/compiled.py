@@ -1,9 +1,9 @@
 """The packed decode step compiled as one graph: torch.compile (inductor) on a CPU (claim C20's CPU half, issue 51).
 
 An eager int4 step of the small model calls some 1,600 aten ops from Python (bench fast's step_split: 1,583): each
-goes through Python and the dispatcher, and most do little work (a norm of 576 numbers, a cast to bf16 and back around every packed matmul, RoPE on one
-row). The packed matmuls themselves are a third of the step or so (notebook 09 measures it): the rest is overhead,
-not bytes. Compiling removes most of it:
+goes through Python and the dispatcher, and most do little work (a norm of 576 numbers, a cast to bf16 and back
+around every packed matmul, RoPE on one row). The packed matmuls themselves are a third of the step or so (notebook
+09 measures it): the rest is overhead, not bytes. Compiling removes a large part of it (about half, measured):
 
     step = torch.compile(greedy_decode_step, dynamic=True, fullgraph=True)
     token = step(model, token, cache)     # decode_step and the argmax: one graph, token in, token out
@@ -66,12 +66,11 @@ def greedy_decode_step(model, token: torch.Tensor, cache) -> torch.Tensor:
 
 @contextlib.contextmanager
 def inductor_cache(path: str | os.PathLike | None):
-    """Inductor's on-disk cache in `path` for the block (None: leave it where it is)."""
+    """Inductor's on-disk cache in `path`, a folder that exists, for the block (None: leave it where it is)."""
     if path is None:
         yield
         return
     old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    Path(path).mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     try:
         yield
@@ -111,6 +110,8 @@ class CompiledDecoder:
             raise CourseError(f"max_len must be a whole number of slots >= 2 (a prompt token and a new one), not "
                               f"{max_len!r}.")
         self.model, self.cache_dir, self.cpp_wrapper = model, cache_dir, cpp_wrapper
+        if cache_dir is not None:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
         with torch.inference_mode():  # the steps run under inference_mode: the cache they write must be made under it
             self.cache = model.new_cache(1, max_len)
         self._step = torch.compile(greedy_decode_step, dynamic=True, fullgraph=True,
@@ -250,7 +251,7 @@ RECORDED = {"machine": "the course's 2-core test machine (AMD EPYC with AVX-512,
             "source": "`python -m llm_anatomy bench fast --json`, compiled.by_wrapper.python, 2026-12-07"}
 
 
-# --------------------------------------------------------------------------- C20's CPU half (notebook 09, section 4.2)
+# --------------------------------------------------------------------------- C20's CPU half (notebook 09, section 4.3)
 
 # Measured on the 2-core test machine (idle: torch on 2 threads; one core burned: on 1, as the course's thread policy
 # sets it), each side the fastest of 15 steps in turns, the real model's packed int4 step: eager 2.15-2.21x its packed
@@ -273,12 +274,12 @@ def time_packed_kernels(model, step, *, repeats: int = 15):
     layers = [m for m in model.modules() if isinstance(m, PackedProjection)]
     if not layers:
         raise CourseError("This model has no packed layers: pack() it first.")
-    calls = [(layer, x.shape) for layer, x, _ in layer_calls(layers, step)]
-    rows = {}  # one ready input per shape and dtype: [tokens, in] in the kernel's dtype
-    for layer, shape in calls:
-        key = (math.prod(shape[:-1]), shape[-1], layer.activations)
-        rows.setdefault(key, torch.randn(key[:2], device=model.device).to(key[2]))
-    inputs = [(layer, rows[(math.prod(shape[:-1]), shape[-1], layer.activations)]) for layer, shape in calls]
+    rows, inputs = {}, []  # one ready input per shape and dtype, [tokens, in] in the kernel's dtype, shared
+    for layer, x, _ in layer_calls(layers, step):
+        key = (math.prod(x.shape[:-1]), x.shape[-1], layer.activations)
+        if key not in rows:
+            rows[key] = torch.randn(key[:2], device=model.device).to(key[2])
+        inputs.append((layer, rows[key]))
 
     def one_pass():
         with torch.inference_mode():

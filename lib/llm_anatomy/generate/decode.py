@@ -36,8 +36,8 @@ def prefill(model, prompt_ids: torch.Tensor, cache: KVCacheInterface, *, attenti
     Returns the model's output (llm_anatomy.model.scratch.ScratchOutput) with the logits of the last
     `logits_to_keep` positions, `[batch, logits_to_keep, vocab]` (0: every position), and the attention weights of
     `attention_layers`. check_range=False skips reading the ids back to check them (the model's trace): a compiled
-    step (fast/compiled.py) feeds only ids the model chose, and a read back would break its graph. A call that fails leaves a cache's length as it was, so no half-written position is ever
-    counted.
+    step (fast/compiled.py) feeds only ids the model chose, and a read back would break its graph. A call that fails
+    leaves a cache's length as it was, so no half-written position is ever counted.
     """
     return _prefill(model, prompt_ids, cache, attention_mask=attention_mask, positions=positions,
                     attention_layers=attention_layers, logits_to_keep=logits_to_keep, check_range=check_range)

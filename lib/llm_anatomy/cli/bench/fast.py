@@ -153,7 +153,7 @@ def run(device: str = "auto", model_size: str = "default", quick: bool = False, 
                 *[row.get("step_tokens_per_s", 0) for row in result.get("compiled", {}).get("by_wrapper", {}).values()]])
     result["llama_cpp"] = llama_cpp_row(llama_bench, course_gguf(model_size), result["threads"], ours)
 
-    # 1b. the packed models' greedy tokens against the fp32 model's: equal for how many tokens, over 128
+    # 1c. the packed models' greedy tokens against the fp32 model's: equal for how many tokens, over 128
     n_agree = 16 if small else 128
     log(f"packed greedy tokens against fp32, {n_agree} tokens ...")
     reference = generate_greedy(plain, chat, n_agree).tokens[0].cpu()

@@ -56,8 +56,9 @@ def compiled_step(model, prompt, n: int, dev, turns: int) -> dict:
                 seconds[wrapper].append(compiled(decoder))
             speed = {name: 1 / statistics.median(s_) for name, s_ in seconds.items()}
             out["by_wrapper"][wrapper] = {
-                **times, "cold_after": [w for w in out["by_wrapper"] if w != wrapper], "same_tokens": same, "step_tokens_per_s": speed[wrapper],
-                "eager_step_tokens_per_s": speed["eager"], "speedup": speed[wrapper] / speed["eager"],
+                **times, "cold_after": [w for w in out["by_wrapper"] if w != wrapper], "same_tokens": same,
+                "step_tokens_per_s": speed[wrapper], "eager_step_tokens_per_s": speed["eager"],
+                "speedup": speed[wrapper] / speed["eager"],
                 "per_turn_tokens_per_s": {name: [round(1 / x, 1) for x in s_] for name, s_ in seconds.items()}}
     return out
 
@@ -74,7 +75,8 @@ def static_step(model, prompt, n, dev, compile_: bool, reps: int) -> dict:
     if compile_:
         with torch.inference_mode():
             reset()  # compiling calls the step twice (tracing, then the first compiled call): room for both
-            compiled, seconds, breaks = compile_step(decoder._step, dev, mode="reduce-overhead" if dev.type == "cuda" else None)
+            mode = "reduce-overhead" if dev.type == "cuda" else None
+            compiled, seconds, breaks = compile_step(decoder._step, dev, mode=mode)
             decoder._step = compiled  # step() now runs the compiled step
             t = time_it(run, dev, warmup=1, repeats=reps).median_s
         out.update(compile_seconds=seconds, graph_breaks=breaks, compiled_tokens_per_s=n / t)
